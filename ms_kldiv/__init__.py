@@ -1,0 +1,30 @@
+"""ms_kldiv: a correct, fast Kullback-Leibler divergence loss for MindSpore on Ascend, GPU and CPU.
+
+    >>> import ms_kldiv
+    >>> loss = ms_kldiv.KLDivLoss(reduction='batchmean', log_target=True)
+    >>> ms_kldiv.kl_div(input, target, reduction='mean')      # functional form
+    >>> ms_kldiv.backend_info()                               # what runs on this device, and why
+"""
+from ._env import keep_cwd_clean as _keep_cwd_clean
+
+_keep_cwd_clean()
+
+from . import backends as _backends  # noqa: E402
+from .distillation import distillation_loss  # noqa: E402
+from .functional import kl_div  # noqa: E402
+from . import nn  # noqa: E402
+from .nn import KLDivLoss  # noqa: E402
+
+__version__ = "0.1.0"
+__all__ = ["kl_div", "KLDivLoss", "nn", "distillation_loss", "backends", "backend_info"]
+
+
+def backends():
+    """Names accepted by ``backend=`` (besides ``'auto'``), whether or not they can run here."""
+    return _backends.names()
+
+
+def backend_info(device=None):
+    """One dict per backend for `device` (default: MindSpore's current device target): whether it is
+    available, why not, its preference, and which one ``backend='auto'`` picks."""
+    return _backends.backend_info(device)

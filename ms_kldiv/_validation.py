@@ -1,0 +1,80 @@
+"""Argument checks shared by the functional and the Cell: every bad input fails here, before any kernel runs.
+
+These run in PyNative and, at compile time, inside GRAPH_MODE / ``ms.jit`` (shapes and dtypes are constants
+there), so they use only plain Python on shapes, dtypes and strings.
+"""
+import warnings
+
+import mindspore as ms
+from mindspore import Tensor
+
+from .reference import REDUCTIONS
+
+FLOAT_DTYPES = (ms.float16, ms.bfloat16, ms.float32, ms.float64)
+HALF_DTYPES = (ms.float16, ms.bfloat16)
+
+
+def check_reduction(reduction, log_target, name="kl_div"):
+    if not isinstance(reduction, str):
+        raise TypeError(f"For '{name}', 'reduction' must be a str, but got {type(reduction).__name__}: {reduction!r}.")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"For '{name}', 'reduction' must be one of {list(REDUCTIONS)}, but got {reduction!r}.")
+    if not isinstance(log_target, bool):
+        raise TypeError(f"For '{name}', 'log_target' must be a bool, but got {type(log_target).__name__}: {log_target!r}.")
+
+
+def legacy_reduction(size_average, reduce, reduction, name="kl_div"):
+    """Map PyTorch's deprecated ``size_average``/``reduce`` onto ``reduction`` (they override it)."""
+    if size_average is None and reduce is None:
+        return reduction
+    warnings.warn(f"For '{name}', 'size_average' and 'reduce' are deprecated; use 'reduction' instead.",
+                  DeprecationWarning, stacklevel=3)
+    for arg_name, value in (("size_average", size_average), ("reduce", reduce)):
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"For '{name}', '{arg_name}' must be a bool or None, but got {value!r}.")
+    if reduce is False:
+        return "none"
+    if size_average is False:
+        return "sum"
+    return "mean"
+
+
+def broadcast_shape(shape_a, shape_b, name="kl_div"):
+    """NumPy broadcast of two shapes; unknown (dynamic, negative) dims are trusted to match."""
+    out = []
+    n = max(len(shape_a), len(shape_b))
+    a = (1,) * (n - len(shape_a)) + tuple(shape_a)
+    b = (1,) * (n - len(shape_b)) + tuple(shape_b)
+    for da, db in zip(a, b):
+        if da == db or db == 1:
+            out.append(da)
+        elif da == 1:
+            out.append(db)
+        elif da < 0 or db < 0:
+            out.append(max(da, db))
+        else:
+            raise ValueError(f"For '{name}', 'input' shape {tuple(shape_a)} and 'target' shape {tuple(shape_b)} "
+                             f"cannot be broadcast together.")
+    return tuple(out)
+
+
+def promote(dtype_a, dtype_b):
+    """PyTorch's float promotion: the wider type wins; float16 with bfloat16 gives float32."""
+    if dtype_a == dtype_b:
+        return dtype_a
+    if ms.float64 in (dtype_a, dtype_b):
+        return ms.float64
+    return ms.float32
+
+
+def check_tensors(input, target, name="kl_div"):
+    """Type, dtype and shape checks; returns the dtype both operands are computed in."""
+    for arg_name, value in (("input", input), ("target", target)):
+        if not isinstance(value, Tensor):
+            raise TypeError(f"For '{name}', '{arg_name}' must be a mindspore.Tensor, "
+                            f"but got {type(value).__name__}.")
+        if value.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"For '{name}', '{arg_name}' must have a floating dtype "
+                            f"(float16, bfloat16, float32, float64), but got {value.dtype}.")
+    broadcast_shape(input.shape, target.shape, name)
+    return promote(input.dtype, target.dtype)

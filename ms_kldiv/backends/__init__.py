@@ -1,0 +1,127 @@
+"""Backend registry and dispatcher.
+
+Each module in this package implements one way to compute the loss and registers a ``Backend`` with a
+capability check (``unavailable_reason``) and a per-device preference. ``'auto'`` picks the most preferred
+backend that can run on the current device target and falls back (warning once) when a better one cannot.
+The API layer (``ms_kldiv.functional``) only ever calls ``get_op``.
+"""
+import functools
+import importlib
+import logging
+import warnings
+
+import mindspore as ms
+from mindspore.ops import constexpr
+
+from .base import Backend
+
+__all__ = ["Backend", "register", "names", "get", "resolve", "get_op", "backend_info", "device_target"]
+
+_logger = logging.getLogger("ms_kldiv")
+_REGISTRY = {}
+_WARNED = set()
+# Modules of this package that register a backend when imported.
+_BUILTIN_MODULES = ("composite", "aot", "akg", "ascend")
+
+
+def register(backend):
+    """Add a backend instance (a later registration with the same name replaces the earlier one)."""
+    if not isinstance(backend, Backend) or not backend.name:
+        raise TypeError(f"register() expects a named ms_kldiv.backends.Backend instance, got {backend!r}")
+    _REGISTRY[backend.name] = backend
+    get_op.cache_clear()
+    return backend
+
+
+def names():
+    """Names accepted by ``backend=`` besides 'auto'."""
+    return tuple(_REGISTRY)
+
+
+def get(name):
+    return _REGISTRY[name]
+
+
+def device_target():
+    return ms.get_context("device_target")
+
+
+# Graph mode refuses get_context inside jit code; a constexpr is evaluated in Python at compile time instead.
+_device_target_const = constexpr(device_target)
+
+
+def _ranked(device):
+    cands = [b for b in _REGISTRY.values() if device in b.preference]
+    return sorted(cands, key=lambda b: -b.preference[device])
+
+
+def _warn_once(key, message):
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    _logger.warning(message)
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+def resolve(name="auto", device=None):
+    """The Backend that ``backend=name`` runs on ``device`` (default: the current device target)."""
+    device = device or device_target()
+    if not isinstance(name, str):
+        raise TypeError(f"For 'kl_div', 'backend' must be a str, but got {type(name).__name__}: {name!r}.")
+    if name == "auto":
+        skipped = []
+        for b in _ranked(device):
+            reason = b.unavailable_reason(device)
+            if reason is None:
+                if skipped:
+                    _warn_once((device, b.name, tuple(s for s, _ in skipped)),
+                               f"ms_kldiv: backend 'auto' on {device} uses '{b.name}' because "
+                               + "; ".join(f"'{s}' is unavailable ({r})" for s, r in skipped))
+                return b
+            skipped.append((b.name, reason))
+        raise RuntimeError(f"For 'kl_div', no backend can run on device target {device!r}: "
+                           + "; ".join(f"'{s}': {r}" for s, r in skipped))
+    if name not in _REGISTRY:
+        raise ValueError(f"For 'kl_div', 'backend' must be 'auto' or one of {list(_REGISTRY)}, but got {name!r}.")
+    b = _REGISTRY[name]
+    reason = b.unavailable_reason(device)
+    if reason is not None:
+        raise RuntimeError(f"For 'kl_div', backend {name!r} cannot run on {device}: {reason}.")
+    return b
+
+
+@functools.lru_cache(maxsize=None)
+def _make_op(backend_name, device, reduction, log_target):
+    return resolve(backend_name, device).make_op(reduction, log_target)
+
+
+def get_op(backend, reduction, log_target):
+    """The op for these settings on the current device; created once and reused (PyNative and graph)."""
+    return _make_op(backend, _device_target_const(), reduction, log_target)
+
+
+get_op.cache_clear = _make_op.cache_clear
+
+
+def backend_info(device=None):
+    """What runs where: one dict per registered backend for ``device`` (default: current device target).
+
+    Keys: ``name``, ``device``, ``available``, ``reason`` (why not, or None), ``preference`` (None if the
+    backend does not target this device), ``auto`` (True for the one ``backend='auto'`` picks), ``description``.
+    """
+    device = device or device_target()
+    try:
+        chosen = resolve("auto", device).name
+    except RuntimeError:
+        chosen = None
+    rows = []
+    for b in sorted(_REGISTRY.values(), key=lambda b: -b.preference.get(device, -1)):
+        reason = b.unavailable_reason(device)
+        rows.append({"name": b.name, "device": device, "available": reason is None, "reason": reason,
+                     "preference": b.preference.get(device), "auto": b.name == chosen,
+                     "description": b.description})
+    return rows
+
+
+for _mod in _BUILTIN_MODULES:
+    importlib.import_module(f"{__name__}.{_mod}")

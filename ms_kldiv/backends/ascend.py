@@ -1,0 +1,1 @@
+"""Backend 'ascend': registered by its own issue; this module is a placeholder until then."""

@@ -1,0 +1,83 @@
+"""Float64 NumPy reference of the SPEC: the Python twin of ``custom_ops/common/kldiv_math.h``.
+
+It is deliberately plain (no MindSpore) so that tests, the Ascend tile model and the benchmarks can check
+every backend against an independent implementation of the same contract.
+"""
+import numpy as np
+
+REDUCTIONS = ("none", "mean", "batchmean", "sum")
+
+
+def has_mass(t, log_target):
+    t = np.asarray(t, dtype=np.float64)
+    return ~(t == -np.inf) if log_target else ~(t <= 0)
+
+
+def pointwise_loss(x, t, log_target=False):
+    """Elementwise loss with the zero-mass rule, broadcast, float64."""
+    x, t = np.broadcast_arrays(np.asarray(x, np.float64), np.asarray(t, np.float64))
+    mass = has_mass(t, log_target)
+    ts = np.where(mass, t, 1.0)
+    xs = np.where(mass, x, 0.0)
+    with np.errstate(all="ignore"):
+        val = np.exp(ts) * (ts - xs) if log_target else ts * (np.log(ts) - xs)
+    return np.where(mass, val, 0.0)
+
+
+def pointwise_grads(x, t, log_target=False):
+    """(d/dinput, d/dtarget) elementwise, broadcast shape, float64."""
+    x, t = np.broadcast_arrays(np.asarray(x, np.float64), np.asarray(t, np.float64))
+    mass = has_mass(t, log_target)
+    ts = np.where(mass, t, 1.0)
+    xs = np.where(mass, x, 0.0)
+    with np.errstate(all="ignore"):
+        if log_target:
+            e = np.exp(ts)
+            dx, dt = -e, e * (ts - xs + 1.0)
+        else:
+            dx, dt = -ts, np.log(ts) + 1.0 - xs
+    return np.where(mass, dx, 0.0), np.where(mass, dt, 0.0)
+
+
+def reduction_scale(reduction, input_shape, out_shape):
+    """The factor s applied to the sum ('none' and 'sum' -> 1)."""
+    if reduction == "mean":
+        n = int(np.prod(out_shape, dtype=np.int64))
+        return 1.0 / n if n else np.nan
+    if reduction == "batchmean":
+        b = input_shape[0] if len(input_shape) else 1
+        return 1.0 / b if b else np.nan
+    return 1.0
+
+
+def kl_div(x, t, reduction="mean", log_target=False):
+    """Forward value in float64 (a 0-d array for the reducing modes)."""
+    x = np.asarray(x, np.float64)
+    loss = pointwise_loss(x, t, log_target)
+    if reduction == "none":
+        return loss
+    with np.errstate(all="ignore"):
+        return np.asarray(loss.sum() * reduction_scale(reduction, x.shape, loss.shape))
+
+
+def _sum_to_shape(g, shape):
+    """Undo broadcasting: sum g down to `shape`."""
+    lead = g.ndim - len(shape)
+    g = g.sum(axis=tuple(range(lead))) if lead else g
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
+    return g.sum(axis=axes, keepdims=True) if axes else g.reshape(shape)
+
+
+def kl_div_grads(x, t, reduction="mean", log_target=False, dout=None):
+    """(d/dinput, d/dtarget) of kl_div, each summed back to its operand's shape, float64.
+
+    ``dout`` is the incoming gradient (broadcast shape for 'none', a scalar otherwise; default ones).
+    """
+    x = np.asarray(x, np.float64)
+    t = np.asarray(t, np.float64)
+    dx, dt = pointwise_grads(x, t, log_target)
+    out_shape = dx.shape
+    s = reduction_scale(reduction, x.shape, out_shape)
+    g = np.ones(out_shape) if dout is None else np.broadcast_to(np.asarray(dout, np.float64), out_shape)
+    with np.errstate(all="ignore"):
+        return _sum_to_shape(dx * g * s, x.shape), _sum_to_shape(dt * g * s, t.shape)
