@@ -25,11 +25,17 @@ _BUILTIN_MODULES = ("composite", "aot", "akg", "ascend")
 
 
 def register(backend):
-    """Add a backend instance (a later registration with the same name replaces the earlier one)."""
+    """Add a backend instance.
+
+    Several implementations may share one user-facing name when they target different devices (e.g. 'aot'
+    is a C++ library on CPU, a CUDA library on GPU and an AscendC operator on Ascend); registering the same
+    class again replaces the earlier instance.
+    """
     if not isinstance(backend, Backend) or not backend.name:
         raise TypeError(f"register() expects a named ms_kldiv.backends.Backend instance, got {backend!r}")
-    _REGISTRY[backend.name] = backend
-    get_op.cache_clear()
+    impls = [b for b in _REGISTRY.get(backend.name, []) if type(b) is not type(backend)]
+    _REGISTRY[backend.name] = impls + [backend]
+    _make_op.cache_clear()
     return backend
 
 
@@ -38,8 +44,18 @@ def names():
     return tuple(_REGISTRY)
 
 
-def get(name):
-    return _REGISTRY[name]
+def get(name, device=None):
+    """The implementation registered under ``name`` for ``device`` (default: current device target)."""
+    device = device or device_target()
+    impls = _REGISTRY[name]
+    for b in impls:
+        if device in b.preference:
+            return b
+    return impls[0]
+
+
+def _all():
+    return [b for impls in _REGISTRY.values() for b in impls]
 
 
 def device_target():
@@ -51,7 +67,7 @@ _device_target_const = constexpr(device_target)
 
 
 def _ranked(device):
-    cands = [b for b in _REGISTRY.values() if device in b.preference]
+    cands = [b for b in _all() if device in b.preference]
     return sorted(cands, key=lambda b: -b.preference[device])
 
 
@@ -83,7 +99,7 @@ def resolve(name="auto", device=None):
                            + "; ".join(f"'{s}': {r}" for s, r in skipped))
     if name not in _REGISTRY:
         raise ValueError(f"For 'kl_div', 'backend' must be 'auto' or one of {list(_REGISTRY)}, but got {name!r}.")
-    b = _REGISTRY[name]
+    b = get(name, device)
     reason = b.unavailable_reason(device)
     if reason is not None:
         raise RuntimeError(f"For 'kl_div', backend {name!r} cannot run on {device}: {reason}.")
@@ -115,7 +131,7 @@ def backend_info(device=None):
     except RuntimeError:
         chosen = None
     rows = []
-    for b in sorted(_REGISTRY.values(), key=lambda b: -b.preference.get(device, -1)):
+    for b in sorted((get(n, device) for n in _REGISTRY), key=lambda b: -b.preference.get(device, -1)):
         reason = b.unavailable_reason(device)
         rows.append({"name": b.name, "device": device, "available": reason is None, "reason": reason,
                      "preference": b.preference.get(device), "auto": b.name == chosen,
