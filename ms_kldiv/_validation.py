@@ -6,7 +6,8 @@ there), so they use only plain Python on shapes, dtypes and strings.
 import warnings
 
 import mindspore as ms
-from mindspore import Tensor
+from mindspore import Tensor, ops
+from mindspore.ops import constexpr
 
 from .reference import REDUCTIONS
 
@@ -39,19 +40,24 @@ def legacy_reduction(size_average, reduce, reduction, name="kl_div"):
     return "mean"
 
 
-def broadcast_shape(shape_a, shape_b, name="kl_div"):
-    """NumPy broadcast of two shapes; unknown (dynamic, negative) dims are trusted to match."""
+@constexpr
+def kldiv_broadcast_shape(shape_a, shape_b, name="kl_div"):
+    """NumPy broadcast of two shapes, evaluated at compile time in graph mode.
+
+    Pass ``ops.shape(x)``: under dynamic shapes its unknown dims arrive here as None (or -1); they are
+    trusted to match and stay None in the result.
+    """
     out = []
     n = max(len(shape_a), len(shape_b))
-    a = (1,) * (n - len(shape_a)) + tuple(shape_a)
-    b = (1,) * (n - len(shape_b)) + tuple(shape_b)
+    a = (1,) * (n - len(shape_a)) + tuple(None if d is None or d < 0 else d for d in shape_a)
+    b = (1,) * (n - len(shape_b)) + tuple(None if d is None or d < 0 else d for d in shape_b)
     for da, db in zip(a, b):
         if da == db or db == 1:
             out.append(da)
         elif da == 1:
             out.append(db)
-        elif da < 0 or db < 0:
-            out.append(max(da, db))
+        elif da is None or db is None:
+            out.append(None)
         else:
             raise ValueError(f"For '{name}', 'input' shape {tuple(shape_a)} and 'target' shape {tuple(shape_b)} "
                              f"cannot be broadcast together.")
@@ -76,5 +82,5 @@ def check_tensors(input, target, name="kl_div"):
         if value.dtype not in FLOAT_DTYPES:
             raise TypeError(f"For '{name}', '{arg_name}' must have a floating dtype "
                             f"(float16, bfloat16, float32, float64), but got {value.dtype}.")
-    broadcast_shape(input.shape, target.shape, name)
+    kldiv_broadcast_shape(ops.shape(input), ops.shape(target), name)
     return promote(input.dtype, target.dtype)

@@ -11,7 +11,7 @@ import math
 import mindspore as ms
 from mindspore import nn, ops
 
-from .._validation import HALF_DTYPES, broadcast_shape
+from .._validation import HALF_DTYPES, kldiv_broadcast_shape
 from . import register
 from .base import Backend
 
@@ -91,18 +91,31 @@ class CompositeKLDiv(nn.Cell):
 
     def construct(self, x, t):
         dtype = x.dtype
-        batch = x.shape[0] if x.ndim else 1  # 'batchmean' divides by input's first dim, not the broadcast one
-        shape = broadcast_shape(x.shape, t.shape)
-        if x.shape != shape:
-            x = ops.broadcast_to(x, shape)
-        if t.shape != shape:
-            t = ops.broadcast_to(t, shape)
+        # 'batchmean' divides by input's first dim (not the broadcast one); a tensor so dynamic shapes work.
+        batch = ops.ones((), ms.float32)
+        if self.reduction == "batchmean" and x.ndim > 0:
+            batch = ops.cast(ops.dyn_shape(x)[0], ms.float32)
+        sx, st = ops.shape(x), ops.shape(t)
+        shape = kldiv_broadcast_shape(sx, st)
+        if None in shape:
+            if sx != st:  # dynamic dims: let the arithmetic broadcast (summing gradients back) at run time
+                x = x + ops.zeros_like(t)
+                t = t + ops.zeros_like(x)
+        else:
+            if sx != shape:
+                x = ops.broadcast_to(x, shape)
+            if st != shape:
+                t = ops.broadcast_to(t, shape)
         if dtype in HALF_DTYPES:
             x = ops.cast(x, ms.float32)
             t = ops.cast(t, ms.float32)
-        out = self.core(x, t)
+        if self.reduction != "none" and 0 in shape:
+            # MindSpore's CPU ReduceSum returns garbage for empty inputs; the sum of nothing is 0.
+            out = ops.zeros((), ms.float32)
+        else:
+            out = self.core(x, t)
         if self.reduction == "mean":
-            out = out / ops.cast(ops.size(x), out.dtype)
+            out = out / ops.cast(ops.prod(ops.cast(ops.dyn_shape(x), ms.float64)), out.dtype)
         elif self.reduction == "batchmean":
             out = out / ops.cast(batch, out.dtype)
         return ops.cast(out, dtype)
