@@ -30,9 +30,11 @@ import uuid
 
 import mindspore as ms
 from mindspore import nn, ops
+from mindspore.common import dtype as mstype
+from mindspore.ops import constexpr
 
 from .. import _env
-from .._validation import HALF_DTYPES, broadcast_shape
+from .._validation import HALF_DTYPES, kldiv_broadcast_shape
 from . import register
 from .base import Backend
 from .composite import CompositeKLDiv, pointwise_fns
@@ -65,24 +67,28 @@ def {name}(x, t):
 """
 
 # Sums accumulate in float64 whatever the compute dtype (SPEC: a float32 sum of 32M terms within 1e-6).
+# The outer one-trip loop is load-bearing: without it AKG 2.10's CPU reduce-vectorizer keeps only one of
+# its 4 lanes (a sum of x over 12 elements returned x[3] + x[7] + x[11], measured); inside it, it is right.
 _FWD_SUM = """
 def {name}(x, t):
     acc = output_tensor((1,), 'float64')
-    acc[0] = float64(0)
-    for i in range(x.shape[0]):
-        acc[0] = acc[0] + float64({loss})
+    for j in range(1):
+        acc[j] = float64(0)
+        for i in range(x.shape[0]):
+            acc[j] = acc[j] + float64({loss})
     return acc
 """
 
 # g is the incoming gradient: elementwise ('none') or one scaled value shared by all elements (g[0]).
+# Both gradients come from one pass, stacked as rows of one output: MindSpore 2.10's CPU runtime returns
+# zeros for a hybrid kernel with two outputs (measured), a single (2, n) output works.
 _BWD = """
 def {name}(x, t, g):
-    dx = output_tensor(x.shape, x.dtype)
-    dt = output_tensor(x.shape, x.dtype)
+    d = output_tensor((2, x.shape[0]), x.dtype)
     for i in range(x.shape[0]):
-        dx[i] = {gx}
-        dt[i] = {gt}
-    return dx, dt
+        d[0, i] = {gx}
+        d[1, i] = {gt}
+    return d
 """
 
 _KERNELS = {}
@@ -190,64 +196,66 @@ def _same(a, *_):
     return a
 
 
-def _flat_pair(a, *_):
-    return a, a
+def _stacked_shape(x, *_):
+    return (2,) + tuple(x)
+
+
+def _second_prob(x, t):
+    mass = ops.logical_not(t <= 0)
+    m = ops.cast(mass, t.dtype)
+    ts = ops.where(mass, t, 1.0)
+    return -m, -m, ops.where(mass, 1.0 / ts, 0.0)
+
+
+def _second_log(x, t):
+    mass = ops.logical_not(t == -float("inf"))
+    ts = ops.where(mass, t, 0.0)
+    xs = ops.where(mass, x, 0.0)
+    e = ops.where(mass, ops.exp(ts), 0.0)
+    return -e, -e, ops.where(mass, e * (ts - xs + 2), 0.0)
 
 
 class _SecondOrder:
-    """bprop of the backward kernel (x, t, g) -> (dx, dt), in plain ops, so the first-order gradient is
-    itself differentiable. For upstream (ax, at) and pointwise gradients (px, pt) = grads(x, t):
+    """bprop of the backward kernel (x, t, g) -> (dx, dt) = (px * g, pt * g), in plain ops, so that the
+    first-order gradient is itself differentiable. (px, pt) = grads(x, t) are the pointwise gradients;
+    for upstream (ax, at):
 
-        d/dx  = at * d(pt)/dx * g                        d(pt)/dx = -1 (prob), -exp(t) (log)
-        d/dt  = (ax * d(px)/dt + at * d(pt)/dt) * g      d(px)/dt = -1 | -exp(t);  d(pt)/dt = 1/t | exp(t)(t-x+2)
-        d/dg  = ax * px + at * pt                        summed to g's shape (one element for reductions)
+        d/dx = at * d(pt)/dx * g                        d(pt)/dx = -1 (prob), -exp(t) (log)
+        d/dt = (ax * d(px)/dt + at * d(pt)/dt) * g      d(px)/dt = -1 | -exp(t);  d(pt)/dt = 1/t | exp(t)(t-x+2)
+        d/dg = ax * px + at * pt                        summed to one element when g is the reduced gradient
 
-    with every term 0 where the target has no mass (masked lanes see safe values t=1 or 0, x=0).
+    with every term 0 where the target has no mass. The helpers are picked here, not by an `if` inside the
+    bprop: MindSpore 2.10 breaks grad-of-jit on constant `if`s in helpers called from a bprop.
     """
 
-    def __init__(self, log_target, scalar_g):
-        self.log_target = log_target
-        self.scalar_g = scalar_g
+    def __init__(self, log_target):
         _, self.grads_fn = pointwise_fns(log_target)
-
-    def _second_prob(self, x, t):
-        mass = ops.logical_not(t <= 0)
-        ts = ops.where(mass, t, 1.0)
-        one = ops.where(mass, ops.ones_like(t), 0.0)
-        return ops.where(mass, -one, 0.0), -one, ops.where(mass, 1.0 / ts, 0.0)
-
-    def _second_log(self, x, t):
-        mass = ops.logical_not(t == -float("inf"))
-        ts = ops.where(mass, t, 0.0)
-        xs = ops.where(mass, x, 0.0)
-        e = ops.where(mass, ops.exp(ts), 0.0)
-        return -e, -e, ops.where(mass, e * (ts - xs + 2), 0.0)
+        self.second_fn = _second_log if log_target else _second_prob
 
     def bprop_full(self, x, t, g, out, dout):
-        ax, at = dout
-        dpt_dx, dpx_dt, dpt_dt = (self._second_log if self.log_target else self._second_prob)(x, t)
+        ax, at = dout[0], dout[1]
+        dpt_dx, dpx_dt, dpt_dt = self.second_fn(x, t)
         px, pt = self.grads_fn(x, t)
         return at * dpt_dx * g, (ax * dpx_dt + at * dpt_dt) * g, ax * px + at * pt
 
     def bprop_scalar(self, x, t, g, out, dout):
-        ax, at = dout
-        dpt_dx, dpx_dt, dpt_dt = (self._second_log if self.log_target else self._second_prob)(x, t)
+        ax, at = dout[0], dout[1]
+        dpt_dx, dpx_dt, dpt_dt = self.second_fn(x, t)
         px, pt = self.grads_fn(x, t)
-        gg = ops.reshape(ops.sum(ax * px + at * pt), (1,))
-        return at * dpt_dx * g, (ax * dpx_dt + at * dpt_dt) * g, gg
+        return at * dpt_dx * g, (ax * dpx_dt + at * dpt_dt) * g, ops.reshape(ops.sum(ax * px + at * pt), (1,))
 
 
 def _make_kernels(summed, log_target, dtype):
     name = "float64" if dtype == ms.float64 else "float32"
     if summed:
         fwd = ops.Custom(_kernel_fn("fwd_sum", log_target, name), out_shape=lambda x, t: (1,),
-                         out_dtype=lambda x, t: ms.tensor_type(ms.float64), func_type="hybrid")
+                         out_dtype=lambda x, t: mstype.TensorType(ms.float64), func_type="hybrid")
     else:
         fwd = ops.Custom(_kernel_fn("fwd_none", log_target, name), out_shape=_same, out_dtype=_same,
                          func_type="hybrid")
-    second = _SecondOrder(log_target, summed)
+    second = _SecondOrder(log_target)
     kind = "bwd_scalar" if summed else "bwd_none"
-    bwd = ops.Custom(_kernel_fn(kind, log_target, name), out_shape=_flat_pair, out_dtype=_flat_pair,
+    bwd = ops.Custom(_kernel_fn(kind, log_target, name), out_shape=_stacked_shape, out_dtype=_same,
                      func_type="hybrid", bprop=second.bprop_scalar if summed else second.bprop_full)
     return fwd, bwd
 
@@ -257,14 +265,21 @@ class _AkgCore(nn.Cell):
 
     def __init__(self, summed, log_target, dtype):
         super().__init__()
+        _spawn_compiler_in_cache_dir()
         self.fwd, self.bwd = _make_kernels(summed, log_target, dtype)
 
     def construct(self, x, t):
         return self.fwd(x, t)
 
     def bprop(self, x, t, out, dout):
-        dx, dt = self.bwd(x, t, ops.cast(dout, x.dtype))
-        return dx, dt
+        d = self.bwd(x, t, ops.cast(dout, x.dtype))
+        return d[0], d[1]
+
+
+@constexpr
+def _use_fallback(x_shape, t_shape):
+    dims = tuple(x_shape) + tuple(t_shape)
+    return any(d is None or d <= 0 for d in dims)
 
 
 class AkgKLDiv(nn.Cell):
@@ -282,9 +297,9 @@ class AkgKLDiv(nn.Cell):
         self.fallback = CompositeKLDiv(reduction, log_target)
 
     def construct(self, x, t):
-        shape = broadcast_shape(x.shape, t.shape)
-        if 0 in shape or any(d < 0 for d in shape) or any(d < 0 for d in x.shape):
+        if _use_fallback(ops.shape(x), ops.shape(t)):
             return self.fallback(x, t)
+        shape = kldiv_broadcast_shape(ops.shape(x), ops.shape(t))
         dtype = x.dtype
         batch = x.shape[0] if x.ndim else 1  # 'batchmean' divides by input's first dim, not the broadcast one
         if x.shape != shape:
@@ -339,7 +354,6 @@ class AkgBackend(Backend):
         return _akg_unavailable_reason()
 
     def make_op(self, reduction, log_target):
-        _spawn_compiler_in_cache_dir()
         return AkgKLDiv(reduction, log_target)
 
 
