@@ -95,6 +95,11 @@ class CompositeKLDiv(nn.Cell):
         batch = ops.ones((), ms.float32)
         if self.reduction == "batchmean" and x.ndim > 0:
             batch = ops.cast(ops.dyn_shape(x)[0], ms.float32)
+        # Widen half types before broadcasting: MindSpore's CPU BroadcastTo and ReduceSum (which sums a
+        # broadcast gradient back) have no bfloat16 kernel, and float32 sums are more accurate anyway.
+        if dtype in HALF_DTYPES:
+            x = ops.cast(x, ms.float32)
+            t = ops.cast(t, ms.float32)
         sx, st = ops.shape(x), ops.shape(t)
         shape = kldiv_broadcast_shape(sx, st)
         if None in shape:
@@ -106,9 +111,6 @@ class CompositeKLDiv(nn.Cell):
                 x = ops.broadcast_to(x, shape)
             if st != shape:
                 t = ops.broadcast_to(t, shape)
-        if dtype in HALF_DTYPES:
-            x = ops.cast(x, ms.float32)
-            t = ops.cast(t, ms.float32)
         if self.reduction != "none" and 0 in shape:
             # MindSpore's CPU ReduceSum returns garbage for empty inputs; the sum of nothing is 0.
             out = ops.zeros((), ms.float32)
