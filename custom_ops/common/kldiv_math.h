@@ -15,10 +15,15 @@
 #if defined(__CUDACC__)
 #define KLDIV_HD __host__ __device__ __forceinline__
 #else
-#define KLDIV_HD inline
+// static: the CPU library compiles these once per ISA (baseline, AVX2, ...); internal linkage keeps the
+// linker from merging an AVX2 copy into the baseline path (a SIGILL on older CPUs).
+#define KLDIV_HD static inline __attribute__((always_inline))
 #endif
 
 #include <math.h>
+
+// On x86-64 glibc the CPU kernels vectorize logf/expf/log/exp through libmvec (see
+// custom_ops/cpu/kldiv_vecmath.h, included before this header there).
 
 namespace kldiv {
 
@@ -32,42 +37,57 @@ KLDIV_HD bool has_mass(C t, bool log_target) {
   return log_target ? !(t == -static_cast<C>(INFINITY)) : !(t <= C(0));
 }
 
-// loss(x, t): t * (log t - x), or exp(t) * (t - x) with log_target.
+// Every function below is branch-free: masked lanes are fed safe values (t=1, x=0; t=0 for log_target)
+// and the result is selected afterwards, so a SIMD or SIMT loop evaluates them without divergence and no
+// lane ever computes 0 * inf. The selects give exactly the piecewise definitions written in the comments.
+
+// loss(x, t): t * (log t - x), or exp(t) * (t - x) with log_target; 0 without mass.
 template <typename C>
 KLDIV_HD C loss(C x, C t, bool log_target) {
-  if (!has_mass(t, log_target)) return C(0);
-  return log_target ? kexp(t) * (t - x) : t * (klog(t) - x);
+  const bool m = has_mass(t, log_target);
+  const C ts = m ? t : C(log_target ? 0 : 1);
+  const C xs = m ? x : C(0);
+  const C v = log_target ? kexp(ts) * (ts - xs) : ts * (klog(ts) - xs);
+  return m ? v : C(0);
 }
 
-// d loss / d x:  -t, or -exp(t) with log_target.
+// d loss / d x:  -t, or -exp(t) with log_target; 0 without mass.
 template <typename C>
 KLDIV_HD C grad_input(C x, C t, bool log_target) {
   (void)x;
-  if (!has_mass(t, log_target)) return C(0);
-  return log_target ? -kexp(t) : -t;
+  const bool m = has_mass(t, log_target);
+  const C ts = m ? t : C(log_target ? 0 : 1);
+  const C v = log_target ? -kexp(ts) : -ts;
+  return m ? v : C(0);
 }
 
-// d loss / d t:  log t + 1 - x, or exp(t) * (t - x + 1) with log_target.
+// d loss / d t:  log t + 1 - x, or exp(t) * (t - x + 1) with log_target; 0 without mass.
 template <typename C>
 KLDIV_HD C grad_target(C x, C t, bool log_target) {
-  if (!has_mass(t, log_target)) return C(0);
-  return log_target ? kexp(t) * (t - x + C(1)) : klog(t) + C(1) - x;
+  const bool m = has_mass(t, log_target);
+  const C ts = m ? t : C(log_target ? 0 : 1);
+  const C xs = m ? x : C(0);
+  const C v = log_target ? kexp(ts) * (ts - xs + C(1)) : klog(ts) + C(1) - xs;
+  return m ? v : C(0);
 }
 
 // Both gradients in one evaluation (one exp/log), as the fused backward kernels want them.
 template <typename C>
 KLDIV_HD void grads(C x, C t, bool log_target, C* d_input, C* d_target) {
-  if (!has_mass(t, log_target)) {
-    *d_input = C(0);
-    *d_target = C(0);
-  } else if (log_target) {
-    const C e = kexp(t);
-    *d_input = -e;
-    *d_target = e * (t - x + C(1));
+  const bool m = has_mass(t, log_target);
+  const C ts = m ? t : C(log_target ? 0 : 1);
+  const C xs = m ? x : C(0);
+  C di, dt;
+  if (log_target) {
+    const C e = kexp(ts);
+    di = -e;
+    dt = e * (ts - xs + C(1));
   } else {
-    *d_input = -t;
-    *d_target = klog(t) + C(1) - x;
+    di = -ts;
+    dt = klog(ts) + C(1) - xs;
   }
+  *d_input = m ? di : C(0);
+  *d_target = m ? dt : C(0);
 }
 
 }  // namespace kldiv

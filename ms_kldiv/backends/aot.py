@@ -1,1 +1,183 @@
-"""Backend 'aot': registered by its own issue; this module is a placeholder until then."""
+"""Backend 'aot': the compiled kernel library for the current device target, through ``ops.Custom(func_type="aot")``.
+
+One Python implementation serves every library that exports the ABI of ``custom_ops/common/kldiv_abi.h``:
+device target 'CPU' loads ``libkldiv_cpu.so`` (custom_ops/cpu), 'GPU' loads ``libkldiv_cuda.so``
+(custom_ops/gpu). ``ms_kldiv._build`` finds an up-to-date library or compiles it once into the per-user cache;
+when it cannot, ``unavailable_reason`` says why and ``'auto'`` falls back to 'composite'.
+
+Each (reduction, log_target) pair is its own exported symbol with a C++ ``<Fn>InferShape`` and a
+``reg_info`` with unknown dtype/format, which is what makes ``Cell.set_inputs`` with ``None`` dims work; the
+output dtype comes from a Python function (a plain dtype would turn the 0-d result into a Python float in
+GRAPH_MODE and silently zero its gradient). The forward op's bprop is the fused backward op (both
+gradients, summed back to each operand's shape, in one pass); the backward op's own bprop is written with
+plain MindSpore ops, which gives second-order gradients (and higher, by MindSpore's autodiff).
+"""
+import logging
+import math
+import threading
+
+import mindspore as ms
+from mindspore import nn, ops
+from mindspore.ops import CustomRegOp, DataType
+
+from .. import _build
+from .._validation import HALF_DTYPES
+from . import register
+from .base import Backend
+
+_logger = logging.getLogger("ms_kldiv")
+
+_REDUCTION_SYMBOL = {"none": "None", "sum": "Sum", "mean": "Mean", "batchmean": "Batchmean"}
+
+
+def symbol(kind, reduction, log_target):
+    """Exported name, e.g. symbol('Fwd', 'batchmean', True) == 'KLDivFwdBatchmeanLog' (see kldiv_abi.h)."""
+    return f"KLDiv{kind}{_REDUCTION_SYMBOL[reduction]}{'Log' if log_target else 'Prob'}"
+
+
+def _reg_info(name, target, inputs, outputs):
+    reg = CustomRegOp(name)
+    for i, n in enumerate(inputs):
+        reg = reg.input(i, n)
+    for i, n in enumerate(outputs):
+        reg = reg.output(i, n)
+    return reg.dtype_format(*([DataType.None_None] * (len(inputs) + len(outputs)))).target(target).get_op_info()
+
+
+# ------------------------------------------------------------------------------ second-order (plain ops)
+# d(grad_input)/dt, d(grad_target)/dx, d(grad_target)/dt; d(grad_input)/dx is 0. Branch-free and with safe
+# masked lanes, like composite.py (a Python `if` on a constant in a bprop helper breaks grad-of-jit).
+def _hess_prob(x, t):
+    mass = ops.logical_not(t <= 0)
+    ts = ops.where(mass, t, 1.0)
+    one = ops.ones_like(ts)
+    return (ops.where(mass, -one, 0.0), ops.where(mass, -one, 0.0), ops.where(mass, 1.0 / ts, 0.0))
+
+
+def _hess_log(x, t):
+    mass = ops.logical_not(t == -math.inf)
+    xs, ts = ops.where(mass, x, 0.0), ops.where(mass, t, 0.0)
+    e = ops.exp(ts)
+    return ops.where(mass, -e, 0.0), ops.where(mass, -e, 0.0), ops.where(mass, e * (ts - xs + 2), 0.0)
+
+
+def _sum_to(v, shape):
+    """Sum a broadcast-shaped ``v`` back to ``shape`` (static rank; unknown dims are taken as not broadcast)."""
+    lead = v.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape) if n == 1 and v.shape[lead + i] != 1)
+    if axes:
+        v = ops.sum(v, axes, keepdim=True)
+        if lead:
+            v = ops.reshape(v, v.shape[lead:]) if len(shape) else ops.reshape(v, ())
+    return v
+
+
+class AotKLDiv(nn.Cell):
+    """The kernel pair for one (library, reduction, log_target): forward Custom op with the backward Custom op
+    as bprop, whose own bprop (second order) is plain MindSpore ops."""
+
+    def __init__(self, lib_path, target, reduction, log_target):
+        super().__init__()
+        self.reduction = reduction
+        self.log_target = log_target
+        self.hess_fn = _hess_log if log_target else _hess_prob
+        self.pointwise_grads = _pointwise_grads(log_target)
+        fwd_name, bwd_name = symbol("Fwd", reduction, log_target), symbol("Bwd", reduction, log_target)
+        self.bwd = ops.Custom(f"{lib_path}:{bwd_name}", out_shape=None, out_dtype=lambda x, t, g: (x, t),
+                              func_type="aot", bprop=self._bwd_bprop,
+                              reg_info=_reg_info(bwd_name, target, ("x", "t", "g"), ("dx", "dt")))
+        self.fwd = ops.Custom(f"{lib_path}:{fwd_name}", out_shape=None, out_dtype=lambda x, t: x,
+                              func_type="aot", bprop=self._fwd_bprop,
+                              reg_info=_reg_info(fwd_name, target, ("x", "t"), ("y",)))
+
+    def construct(self, x, t):
+        return self.fwd(x, t)
+
+    def _fwd_bprop(self, x, t, out, dout):
+        dx, dt = self.bwd(x, t, dout)
+        return dx, dt
+
+    def _scale(self, x, full):
+        if self.reduction == "mean":
+            return 1.0 / ops.cast(ops.size(full), ms.float32)
+        if self.reduction == "batchmean":
+            return 1.0 / ops.cast(x.shape[0], ms.float32) if x.ndim else ops.ones((), ms.float32)
+        return ops.ones((), ms.float32)
+
+    def _bwd_bprop(self, x, t, g, out, dout):
+        # The backward computes dx = sum_to_x(Gi * G), dt = sum_to_t(Gt * G) with G = dout * s broadcast;
+        # its vjp against (a, b) = dout is written out here in the broadcast shape, then summed back.
+        a, b = dout
+        dtype = x.dtype
+        # float32 for half types (CPU BroadcastTo/ReduceSum have no bfloat16 kernel); arithmetic
+        # broadcasting (x + 0*t-shaped zeros) also works with dynamic shapes.
+        cdt = ms.float32 if dtype in HALF_DTYPES else dtype
+        xf, tf = ops.cast(x, cdt), ops.cast(t, cdt)
+        xb = xf + ops.zeros_like(tf)
+        tb = tf + ops.zeros_like(xf)
+        ab = ops.cast(a, cdt) + ops.zeros_like(xb)
+        bb = ops.cast(b, cdt) + ops.zeros_like(xb)
+        s = ops.cast(self._scale(x, xb), xb.dtype)
+        gfull = ops.cast(g, xb.dtype) * s
+        gi_t, gt_x, gt_t = self.hess_fn(xb, tb)
+        gi, gt = self.pointwise_grads(xb, tb)
+        d_x = gfull * (bb * gt_x)
+        d_t = gfull * (ab * gi_t + bb * gt_t)
+        d_g = (ab * gi + bb * gt) * s
+        if self.reduction != "none":
+            d_g = ops.sum(d_g)
+        return (ops.cast(_sum_to(d_x, x.shape), dtype), ops.cast(_sum_to(d_t, t.shape), dtype),
+                ops.cast(d_g, dtype))
+
+
+def _pointwise_grads(log_target):
+    from .composite import pointwise_fns
+    return pointwise_fns(log_target)[1]
+
+
+class AotBackend(Backend):
+    name = "aot"
+    description = "compiled C++ (CPU) / CUDA (GPU) kernels: fused single-pass forward and backward"
+    preference = {"CPU": 100, "GPU": 100}
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._libs = {}  # device -> (path or None, reason or None)
+
+    def library(self, device):
+        """(path, None) or (None, reason) for ``device``, building once if needed."""
+        with self._lock:
+            if device not in self._libs:
+                try:
+                    self._libs[device] = (_build.ensure_library(device, log=_logger.warning), None)
+                except _build.BuildError as e:
+                    self._libs[device] = (None, str(e).splitlines()[0])
+                except OSError as e:  # unwritable cache, ...
+                    self._libs[device] = (None, f"{_build.LIB_NAMES[device]} could not be built: {e}")
+            return self._libs[device]
+
+    def unavailable_reason(self, device):
+        reason = super().unavailable_reason(device)
+        if reason:
+            return reason
+        return self.library(device)[1]
+
+    def info(self, device="CPU"):
+        """The library's own one-line description (ABI version, ISA, threads), or the reason it is missing."""
+        path, reason = self.library(device)
+        if reason:
+            return reason
+        import ctypes
+        fn = ctypes.CDLL(path).KLDivLibInfo
+        fn.restype = ctypes.c_char_p
+        return f"{fn().decode()} ({path})"
+
+    def make_op(self, reduction, log_target):
+        device = ms.get_context("device_target")
+        path, reason = self.library(device)
+        if reason:
+            raise RuntimeError(f"For 'kl_div', backend 'aot' cannot run on {device}: {reason}.")
+        return AotKLDiv(path, device, reduction, log_target)
+
+
+register(AotBackend())

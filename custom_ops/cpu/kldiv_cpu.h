@@ -1,0 +1,60 @@
+// Internal interface between the CPU library's front end (kldiv_cpu.cc: ABI exports, shape handling,
+// thread pool) and its per-ISA kernel translation units (isa_*.cc including kldiv_kernels.inc).
+//
+// Only plain structs and C function pointers cross this boundary: the ISA units are compiled with
+// different -m flags, and any inline C++ template shared between them (std::function, std::vector, ...)
+// could be merged by the linker into the wrong ISA's copy.
+#pragma once
+
+#include <stdint.h>
+
+namespace kldiv {
+namespace cpu {
+
+constexpr int kMaxDims = 32;
+
+enum DType : int { kF16 = 0, kBF16 = 1, kF32 = 2, kF64 = 3 };
+
+// The broadcast iteration space after merging adjacent dimensions that broadcast alike.
+// Dimension nd-1 is innermost; its strides are 0 (broadcast) or 1 (contiguous).
+struct Plan {
+  int nd;
+  int64_t size[kMaxDims];
+  int64_t xs[kMaxDims];  // element stride of x in each dim (0 where x is broadcast)
+  int64_t ts[kMaxDims];  // element stride of t
+  int64_t n;             // elements of the broadcast shape
+  int64_t nx, nt;        // elements of x and of t
+  bool x_reduced, t_reduced;  // the operand is smaller than the broadcast shape (its gradient is summed)
+};
+
+struct Args {
+  const Plan* plan;
+  int dtype;        // DType
+  bool log_target;
+  int reduction;    // kldiv::Reduction
+  double scale;     // reduction scale s (1, 1/numel, 1/batch, or NaN for an empty mean/batchmean)
+  const void* x;
+  const void* t;
+  const void* dout;  // backward only
+  void* out;         // forward output
+  void* dx;          // backward outputs
+  void* dt;
+};
+
+// Runs fn(ctx, tid, nthreads) for tid in [0, nthreads) on the library's own pool; returns when all are done.
+typedef void (*TaskFn)(void* ctx, int tid, int nthreads);
+void parallel_run(int nthreads, TaskFn fn, void* ctx);
+// Threads worth using for `work` element-operations (1 below the parallel threshold).
+int threads_for(int64_t work);
+
+struct KernelTable {
+  const char* isa;
+  void (*forward)(const Args*);
+  void (*backward)(const Args*);
+};
+
+const KernelTable* table_base();
+const KernelTable* table_avx2();
+
+}  // namespace cpu
+}  // namespace kldiv

@@ -1,0 +1,330 @@
+"""Builds and finds the AOT kernel libraries (``libkldiv_cpu.so``, ``libkldiv_cuda.so``).
+
+Used three ways, and so it imports neither MindSpore nor the rest of this package (``setup.py`` loads it by
+file path, before MindSpore may even be installed):
+
+* ``setup.py``'s build hook calls :func:`build` so that ``pip install .`` / ``pip install -e .`` ship the
+  compiled libraries in ``ms_kldiv/_lib`` (plus a copy of the sources in ``ms_kldiv/_csrc``);
+* ``ms_kldiv.backends.aot`` calls :func:`ensure_library` at run time: it returns a library whose stamp
+  matches the sources, or compiles one once into the per-user cache (under a file lock, so concurrent
+  processes do not race), or raises :class:`BuildError` saying why (the registry then falls back);
+* ``python -m ms_kldiv._build [--out DIR] [--cuda | --no-cuda]`` builds by hand.
+
+Nothing is ever written into the current working directory.
+"""
+import contextlib
+import functools
+import glob
+import hashlib
+import importlib.util
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LIB_NAMES = {"CPU": "libkldiv_cpu.so", "GPU": "libkldiv_cuda.so"}
+ABI_SYMBOL = "KLDivLibInfo"
+
+CXX_FLAGS = ["-O3", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-DNDEBUG",
+             # Vectorize log/exp through libmvec and let if-converted selects vectorize; inf/NaN semantics
+             # stay IEEE (no -ffast-math / -ffinite-math-only: the zero-mass rule relies on -inf and NaN).
+             "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd"]
+CUDA_ARCHS = ("70", "75", "80", "86", "89", "90")
+NVCC_FLAGS = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
+              "--expt-relaxed-constexpr"] + [
+    f"-gencode=arch=compute_{a},code=sm_{a}" for a in CUDA_ARCHS] + ["-gencode=arch=compute_90,code=compute_90"]
+
+
+class BuildError(RuntimeError):
+    """The library cannot be found or built here; the message says why."""
+
+
+def _load_env():
+    spec = importlib.util.spec_from_file_location("_ms_kldiv_env", os.path.join(HERE, "_env.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# ----------------------------------------------------------------------------------------------- sources
+def source_dir():
+    """The ``custom_ops`` tree: the checkout's (source / editable installs) or the copy shipped in the package."""
+    for cand in (os.environ.get("MS_KLDIV_SOURCE_DIR"), os.path.join(os.path.dirname(HERE), "custom_ops"),
+                 os.path.join(HERE, "_csrc")):
+        if cand and os.path.isfile(os.path.join(cand, "common", "kldiv_abi.h")):
+            return cand
+    return None
+
+
+def _sources(src, device):
+    if device == "CPU":
+        return sorted(glob.glob(os.path.join(src, "cpu", "*.cc")))
+    return sorted(glob.glob(os.path.join(src, "gpu", "*.cu")))
+
+
+def _headers(src, device):
+    sub = "cpu" if device == "CPU" else "gpu"
+    pats = ("*.h", "*.inc", "*.cuh")
+    return sorted(p for d in ("common", sub) for pat in pats for p in glob.glob(os.path.join(src, d, pat)))
+
+
+def _file_flags(path):
+    """Per-file flags from a ``// kldiv-cxxflags(ARCH): ...`` line (ARCH: 'any' or a machine name)."""
+    with open(path, encoding="utf-8") as f:
+        head = f.read(2000)
+    m = re.search(r"//\s*kldiv-cxxflags\((\w+)\):(.*)", head)
+    if not m:
+        return []
+    arch, flags = m.group(1), m.group(2).split()
+    machine = platform.machine().lower()
+    if arch == "any" or arch == machine or (arch == "x86_64" and machine in ("x86_64", "amd64")):
+        return flags
+    return []
+
+
+def source_hash(device, src=None):
+    """Hash of everything that determines the library: sources, headers, flags, compiler."""
+    src = src or source_dir()
+    h = hashlib.sha256()
+    flags = CXX_FLAGS if device == "CPU" else NVCC_FLAGS
+    h.update(repr((device, flags, _compiler_id(device))).encode())
+    for p in _sources(src, device) + _headers(src, device):
+        h.update(os.path.relpath(p, src).encode())
+        with open(p, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------------------------- compilers
+def _cxx():
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+
+
+def _nvcc():
+    cand = os.environ.get("NVCC") or shutil.which("nvcc")
+    if not cand and os.environ.get("CUDA_HOME"):
+        p = os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc")
+        cand = p if os.path.exists(p) else None
+    return cand
+
+
+@functools.lru_cache(maxsize=None)
+def _compiler_id(device):
+    exe = _cxx() if device == "CPU" else _nvcc()
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
+        return out.splitlines()[0] if out else exe
+    except (OSError, subprocess.SubprocessError):
+        return exe
+
+
+def cuda_skipped_reason():
+    if os.environ.get("MS_KLDIV_SKIP_CUDA", "") not in ("", "0"):
+        return "MS_KLDIV_SKIP_CUDA is set"
+    if not _nvcc():
+        return "nvcc not found (set NVCC or CUDA_HOME)"
+    src = source_dir()
+    if not src or not _sources(src, "GPU"):
+        return "no CUDA sources in custom_ops/gpu"
+    return None
+
+
+def _run(cmd, cwd):
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def _run_parallel(cmds, cwd):
+    """One compiler process per translation unit, at most one per CPU (each ISA unit takes seconds)."""
+    jobs = max(1, min(len(cmds), os.cpu_count() or 1))
+    pending, running, errors = list(cmds), [], []
+    while pending or running:
+        while pending and len(running) < jobs:
+            cmd = pending.pop(0)
+            running.append((cmd, subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                   text=True)))
+        cmd, proc = running.pop(0)
+        _, err = proc.communicate()
+        if proc.returncode != 0:
+            errors.append(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{err[-4000:]}")
+    if errors:
+        raise BuildError("\n".join(errors))
+
+
+# ------------------------------------------------------------------------------------------------ builds
+def _build_cpu(src, out_path, tmp):
+    cxx = _cxx()
+    if not cxx:
+        raise BuildError("no C++ compiler found (install g++ or set CXX)")
+    include = ["-I", os.path.join(src, "common"), "-I", os.path.join(src, "cpu")]
+
+    def compile_and_link(extra):
+        cmds, objs = [], []
+        for cc in _sources(src, "CPU"):
+            obj = os.path.join(tmp, os.path.basename(cc) + ".o")
+            cmds.append([cxx, *CXX_FLAGS, *extra, *_file_flags(cc), *include, "-c", cc, "-o", obj])
+            objs.append(obj)
+        _run_parallel(cmds, tmp)
+        libs = ["-lm", "-pthread"] + (["-lmvec"] if "-DKLDIV_NO_LIBMVEC" not in extra else [])
+        strict = ["-Wl,--no-undefined"] if sys.platform.startswith("linux") else []
+        _run([cxx, "-shared", "-o", out_path, *objs, *libs, *strict], tmp)
+
+    try:
+        compile_and_link([])
+    except BuildError:
+        # No libmvec (musl, non-x86 glibc < 2.38, ...): the same kernels with scalar log/exp calls.
+        compile_and_link(["-DKLDIV_NO_LIBMVEC"])
+
+
+def _build_cuda(src, out_path, tmp):
+    nvcc = _nvcc()
+    if not nvcc:
+        raise BuildError("nvcc not found")
+    cus = _sources(src, "GPU")
+    if not cus:
+        raise BuildError("no CUDA sources in custom_ops/gpu")
+    _run([nvcc, *NVCC_FLAGS, "-I", os.path.join(src, "common"), "-I", os.path.join(src, "gpu"),
+          *cus, "-o", out_path], tmp)
+
+
+def build_one(device, out_dir, src=None):
+    """Compile the library for ``device`` into ``out_dir`` (atomically) with its stamp file; return its path."""
+    src = src or source_dir()
+    if not src:
+        raise BuildError("the kernel sources (custom_ops/) are not available")
+    os.makedirs(out_dir, exist_ok=True)
+    name = LIB_NAMES[device]
+    final = os.path.join(out_dir, name)
+    with tempfile.TemporaryDirectory(prefix="ms_kldiv_build_") as tmp:
+        tmp_lib = os.path.join(tmp, name)
+        (_build_cpu if device == "CPU" else _build_cuda)(src, tmp_lib, tmp)
+        staged = final + f".tmp{os.getpid()}"
+        shutil.copyfile(tmp_lib, staged)
+        os.replace(staged, final)  # a process that already loaded the old file keeps its mapping
+    with open(final + ".stamp", "w", encoding="utf-8") as f:
+        f.write(source_hash(device, src))
+    return final
+
+
+def build(out_dir, cuda=None, log=print):
+    """What setup.py runs: the CPU library always, the CUDA one when nvcc is here (``cuda=None``: if possible)."""
+    built = [build_one("CPU", out_dir)]
+    log(f"ms_kldiv: built {built[-1]}")
+    reason = cuda_skipped_reason()
+    if cuda or (cuda is None and reason is None):
+        if reason and cuda:
+            raise BuildError(f"cannot build the CUDA library: {reason}")
+        built.append(build_one("GPU", out_dir))
+        log(f"ms_kldiv: built {built[-1]}")
+    elif reason:
+        log(f"ms_kldiv: CUDA library skipped ({reason})")
+    return built
+
+
+def copy_sources(dest):
+    """Ship the kernel sources inside the package so an installed copy can rebuild for its own machine."""
+    src = source_dir()
+    if not src:
+        return
+    for sub in ("common", "cpu", "gpu"):
+        d = os.path.join(src, sub)
+        if os.path.isdir(d):
+            shutil.copytree(d, os.path.join(dest, sub), dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("*.o", "*.so", "__pycache__"))
+
+
+# --------------------------------------------------------------------------------------------- run time
+@contextlib.contextmanager
+def _file_lock(path):
+    import fcntl
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _stamp_ok(lib, expected):
+    try:
+        with open(lib + ".stamp", encoding="utf-8") as f:
+            return expected is None or f.read().strip() == expected
+    except OSError:
+        return expected is None
+
+
+def find_library(device):
+    """Path of an up-to-date library for ``device`` (``'CPU'``/``'GPU'``) or None; never compiles."""
+    name = LIB_NAMES[device]
+    src = source_dir()
+    expected = source_hash(device, src) if src else None
+    override = os.environ.get("MS_KLDIV_LIB_DIR")
+    if override:  # an explicit choice is trusted as is
+        p = os.path.join(override, name)
+        return p if os.path.isfile(p) else None
+    cands = [os.path.join(HERE, "_lib", name)]
+    if expected:
+        cands.append(os.path.join(_load_env().cache_dir("lib", expected), name))
+    for p in cands:
+        if os.path.isfile(p) and _stamp_ok(p, expected):
+            return p
+    return None
+
+
+def ensure_library(device, log=None):
+    """An up-to-date library for ``device``, compiling it once into the per-user cache if needed."""
+    if device not in LIB_NAMES:
+        raise BuildError(f"no AOT library for device target {device!r}")
+    found = find_library(device)
+    if found:
+        return found
+    if os.environ.get("MS_KLDIV_LIB_DIR"):
+        raise BuildError(f"{LIB_NAMES[device]} not found in MS_KLDIV_LIB_DIR={os.environ['MS_KLDIV_LIB_DIR']}")
+    if os.environ.get("MS_KLDIV_NO_BUILD", "") not in ("", "0"):
+        raise BuildError(f"{LIB_NAMES[device]} is not built and MS_KLDIV_NO_BUILD is set")
+    src = source_dir()
+    if not src:
+        raise BuildError(f"{LIB_NAMES[device]} is not built and the kernel sources are not installed")
+    if device == "CPU" and not _cxx():
+        raise BuildError(f"{LIB_NAMES[device]} is not built and no C++ compiler was found (install g++ or set CXX)")
+    if device == "GPU":
+        reason = cuda_skipped_reason()
+        if reason:
+            raise BuildError(f"{LIB_NAMES[device]} is not built: {reason}")
+    out_dir = _load_env().cache_dir("lib", source_hash(device, src))
+    with _file_lock(os.path.join(out_dir, ".lock")):
+        found = find_library(device)  # another process may have finished while we waited
+        if found:
+            return found
+        if log:
+            log(f"ms_kldiv: compiling {LIB_NAMES[device]} once into {out_dir}")
+        return build_one(device, out_dir, src)
+
+
+def main(argv=None):
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m ms_kldiv._build", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None, help="output folder (default: the per-user cache, as at run time)")
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--cuda", dest="cuda", action="store_true", default=None, help="require the CUDA library")
+    g.add_argument("--no-cuda", dest="cuda", action="store_false", help="CPU library only")
+    args = ap.parse_args(argv)
+    if args.out:
+        build(os.path.abspath(args.out), cuda=args.cuda)
+    else:
+        print(ensure_library("CPU", log=print))
+        if args.cuda or (args.cuda is None and cuda_skipped_reason() is None):
+            print(ensure_library("GPU", log=print))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
