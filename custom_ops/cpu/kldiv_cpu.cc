@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -50,55 +51,67 @@ int available_cpus() {
   return h ? static_cast<int>(h) : 1;
 }
 
+// Work is split into chunks (more chunks than threads) that the calling thread and the woken workers
+// take from a shared counter: on a loaded machine (other processes on our cores) a late or preempted
+// worker then costs its one chunk, not a whole static share. Chunk boundaries depend only on the problem
+// size, so reductions add the same partial sums in the same order whatever the thread count or timing.
 class Pool {
  public:
   explicit Pool(int nworkers) {
-    for (int i = 0; i < nworkers; ++i) workers_.emplace_back([this, i] { loop(i + 1); });
-  }
-  ~Pool() {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (auto& w : workers_) w.join();
+    for (int i = 0; i < nworkers; ++i) workers_.emplace_back([this] { loop(); });
   }
   int size() const { return static_cast<int>(workers_.size()) + 1; }
 
-  void run(int nth, TaskFn fn, void* ctx) {
+  void run(int nchunks, TaskFn fn, void* ctx) {
     // MindSpore may launch kernels from several threads; one parallel region at a time.
     std::lock_guard<std::mutex> region(region_mu_);
-    if (nth > size()) nth = size();
+    uint64_t gen;
     {
       std::lock_guard<std::mutex> lk(mu_);
+      gen = ++generation_;
       fn_ = fn;
       ctx_ = ctx;
-      nth_ = nth;
-      pending_ = nth - 1;
-      ++generation_;
+      nchunks_ = nchunks;
+      done_.store(0);
+      counter_.store(gen << 32);
     }
-    cv_.notify_all();
-    fn(ctx, 0, nth);
+    const int wake = (nchunks < size() ? nchunks : size()) - 1;
+    for (int i = 0; i < wake; ++i) cv_.notify_one();
+    work(gen, fn, ctx, nchunks);
     std::unique_lock<std::mutex> lk(mu_);
-    done_cv_.wait(lk, [this] { return pending_ == 0; });
+    done_cv_.wait(lk, [&] { return done_.load() == nchunks; });
   }
 
  private:
-  void loop(int id) {
+  // Takes chunks of run `gen` until none is left; a worker waking after its run ended takes none.
+  void work(uint64_t gen, TaskFn fn, void* ctx, int nchunks) {
+    for (;;) {
+      uint64_t v = counter_.load();
+      int c;
+      do {
+        if ((v >> 32) != gen || static_cast<int>(v & 0xffffffffu) >= nchunks) return;
+        c = static_cast<int>(v & 0xffffffffu);
+      } while (!counter_.compare_exchange_weak(v, v + 1));
+      fn(ctx, c, nchunks);
+      if (done_.fetch_add(1) + 1 == nchunks) {
+        std::lock_guard<std::mutex> lk(mu_);
+        done_cv_.notify_all();
+      }
+    }
+  }
+
+  void loop() {
     uint64_t seen = 0;
     std::unique_lock<std::mutex> lk(mu_);
     for (;;) {
-      cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
+      cv_.wait(lk, [&] { return generation_ != seen; });
       seen = generation_;
-      if (id >= nth_) continue;
       TaskFn fn = fn_;
       void* ctx = ctx_;
-      const int nth = nth_;
+      const int nchunks = nchunks_;
       lk.unlock();
-      fn(ctx, id, nth);
+      work(seen, fn, ctx, nchunks);
       lk.lock();
-      if (--pending_ == 0) done_cv_.notify_one();
     }
   }
 
@@ -107,9 +120,10 @@ class Pool {
   std::condition_variable cv_, done_cv_;
   TaskFn fn_ = nullptr;
   void* ctx_ = nullptr;
-  int nth_ = 0, pending_ = 0;
+  int nchunks_ = 0;
   uint64_t generation_ = 0;
-  bool stop_ = false;
+  std::atomic<uint64_t> counter_{0};
+  std::atomic<int> done_{0};
 };
 
 std::mutex g_pool_mu;
@@ -319,8 +333,12 @@ void parallel_run(int nthreads, TaskFn fn, void* ctx) {
 int threads_for(int64_t work) {
   init_limits();
   if (g_max_threads <= 1 || work < g_parallel_min) return 1;
-  const int64_t t = work / kGrain;
-  return t < g_max_threads ? (t < 1 ? 1 : static_cast<int>(t)) : g_max_threads;
+  // Chunks, not threads: about 4 per thread, each at least kGrain elements, at most 256.
+  int64_t c = work / kGrain;
+  const int64_t cap = 4 * static_cast<int64_t>(g_max_threads);
+  if (c > cap) c = cap;
+  if (c > 256) c = 256;
+  return c < 2 ? 2 : static_cast<int>(c);
 }
 
 }  // namespace cpu
@@ -366,4 +384,35 @@ KLDIV_EXPORT const char* KLDivLibInfo(void) {
     );
   });
   return info;
+}
+
+// The streaming roofline the benchmark compares against: read `n` elements of two float32 arrays once
+// (the bytes a fused kl_div forward must read), on the same threads and pool as the kernels.
+namespace {
+struct ReadCtx {
+  const float* a;
+  const float* b;
+  int64_t n;
+  double partial[256];
+};
+
+void read_task(void* vctx, int tid, int nth) {
+  ReadCtx* c = static_cast<ReadCtx*>(vctx);
+  const int64_t q = c->n / nth, r = c->n % nth;
+  const int64_t b = q * tid + (tid < r ? tid : r), e = b + q + (tid < r ? 1 : 0);
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = b; i < e; ++i) s += c->a[i] + c->b[i];
+  c->partial[tid] = s;
+}
+}  // namespace
+
+KLDIV_EXPORT double KLDivStreamRead(const float* a, const float* b, int64_t n) {
+  ReadCtx c{a, b, n, {}};
+  int nth = kldiv::cpu::threads_for(n);
+  if (nth > 256) nth = 256;
+  kldiv::cpu::parallel_run(nth, &read_task, &c);
+  double s = 0.0;
+  for (int i = 0; i < nth; ++i) s += c.partial[i];
+  return s;
 }

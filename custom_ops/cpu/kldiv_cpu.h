@@ -41,10 +41,11 @@ struct Args {
   void* dt;
 };
 
-// Runs fn(ctx, tid, nthreads) for tid in [0, nthreads) on the library's own pool; returns when all are done.
+// Runs fn(ctx, chunk, nchunks) for every chunk in [0, nchunks) on the library pool; returns when all are done.
 typedef void (*TaskFn)(void* ctx, int tid, int nthreads);
 void parallel_run(int nthreads, TaskFn fn, void* ctx);
-// Threads worth using for `work` element-operations (1 below the parallel threshold).
+// Chunks to split `work` element-operations into (1 below the parallel threshold); parallel_run hands
+// them to the pool dynamically.
 int threads_for(int64_t work);
 
 struct KernelTable {

@@ -1,0 +1,69 @@
+"""Command line: ``python -m ms_kldiv.bench [--sizes 4K,1M] [--dtypes float32] [--reductions sum]
+[--modes fwd,grad] [--rows aot,ops_jit,...] [--no-torch] [--json PATH] [--plot PATH]``."""
+import argparse
+import os
+import platform
+import sys
+import time
+
+
+def _size(s):
+    s = s.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
+    return int(float(s[:-1]) * mult) if s[-1:] in "KMG" else int(s)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m ms_kldiv.bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="4K,64K,1M,4M,32M", help="element counts, e.g. 4K,1M,32M")
+    ap.add_argument("--dtypes", default="float32", help="float32,float64,float16,bfloat16")
+    ap.add_argument("--reductions", default="sum", help="none,sum,mean,batchmean")
+    ap.add_argument("--modes", default="fwd,grad", help="fwd (forward), grad (value + grad(input))")
+    ap.add_argument("--rows", default=None, help="row keys to run (default: all); see --list")
+    ap.add_argument("--list", action="store_true", help="list the row keys and exit")
+    ap.add_argument("--no-torch", action="store_true", help="do not import torch (no torch row, no second OpenMP)")
+    ap.add_argument("--min-time", type=float, default=0.25, help="seconds of repetitions per cell")
+    ap.add_argument("--json", default=None, help="write results as JSON here")
+    ap.add_argument("--plot", default=None, help="write a PNG plot here (needs matplotlib)")
+    args = ap.parse_args(argv)
+
+    from .rows import register_default_rows  # imports torch first when wanted, then MindSpore
+    if not args.no_torch:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            pass
+    import mindspore as ms
+    import ms_kldiv
+    from . import harness
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    register_default_rows(with_torch=not args.no_torch)
+    if args.list:
+        for key, label, _ in harness.rows():
+            print(f"{key:15s} {label}")
+        return 0
+    keys = args.rows.split(",") if args.rows else None
+    from ms_kldiv.backends import get as get_backend
+    lib = get_backend("aot", "CPU").info("CPU")
+    meta = {"machine": platform.machine(), "cpus": os.cpu_count(), "python": sys.version.split()[0],
+            "mindspore": ms.__version__, "torch_loaded": "torch" in sys.modules, "aot_library": lib,
+            "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    print(f"# ms_kldiv benchmark  ({meta['cpus']} CPUs, MindSpore {meta['mindspore']}, "
+          f"torch {'loaded' if meta['torch_loaded'] else 'not loaded'})\n# aot: {lib}")
+    t0 = time.perf_counter()
+    results = harness.run(sizes=[_size(s) for s in args.sizes.split(",")], dtypes=args.dtypes.split(","),
+                          reductions=args.reductions.split(","), modes=args.modes.split(","), keys=keys,
+                          min_time=args.min_time)
+    print(harness.table(results))
+    print(f"\n({time.perf_counter() - t0:.0f} s)")
+    if args.json:
+        harness.save_json(results, args.json, meta)
+        print(f"wrote {args.json}")
+    if args.plot:
+        print(f"wrote {args.plot}" if harness.plot(results, args.plot) else "matplotlib not importable: no plot")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""Shared benchmark harness: rows (implementations) x sizes x modes, timed the same way, printed side by side.
+
+Other backends add rows with :func:`add_row`; a row factory gets ``(n, dtype, reduction, mode)`` and returns a
+zero-argument callable that runs ONE complete step, synchronized (result materialized on the host), or
+``None`` when it does not apply (e.g. no gradient for a roofline). ``mode`` is ``'fwd'`` (forward value)
+or ``'grad'`` (value and gradient w.r.t. input).
+"""
+import json
+import math
+import time
+
+import numpy as np
+
+DEFAULT_SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 32 << 20)
+
+_ROWS = []  # (key, label, factory, baseline?)
+
+
+def add_row(key, label, factory):
+    """Register an implementation row. ``key`` is what ``--rows`` selects; ``label`` is printed."""
+    _ROWS[:] = [r for r in _ROWS if r[0] != key]
+    _ROWS.append((key, label, factory))
+
+
+def rows():
+    return list(_ROWS)
+
+
+def make_data(n, dtype="float32", seed=0):
+    """log-probabilities x and probabilities t (about 1% zeros, exercising the zero-mass rule), as NumPy."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(n, dtype=np.float32) - 3.0)
+    t = rng.random(n, dtype=np.float32)
+    t[rng.random(n) < 0.01] = 0.0
+    np_dtype = {"float32": np.float32, "float64": np.float64, "float16": np.float16}.get(dtype, np.float32)
+    return x.astype(np_dtype), t.astype(np_dtype)
+
+
+def time_call(fn, min_time=0.25, max_reps=200, warmup=2):
+    """Median seconds per call over repetitions filling ``min_time`` (at least 3)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    start = time.perf_counter()
+    while len(times) < 3 or (time.perf_counter() - start < min_time and len(times) < max_reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def run(sizes=DEFAULT_SIZES, dtypes=("float32",), reductions=("sum",), modes=("fwd", "grad"), keys=None,
+        min_time=0.25, log=print):
+    """Time every selected row; returns a list of result dicts (``ms`` is None where a row does not apply)."""
+    results = []
+    selected = [r for r in _ROWS if keys is None or r[0] in keys]
+    for dtype in dtypes:
+        for reduction in reductions:
+            for mode in modes:
+                for n in sizes:
+                    for key, label, factory in selected:
+                        rec = {"row": key, "label": label, "n": int(n), "dtype": dtype, "reduction": reduction,
+                               "mode": mode, "ms": None, "error": None}
+                        try:
+                            fn = factory(n, dtype, reduction, mode)
+                            if fn is not None:
+                                budget = min_time if n < (8 << 20) else min_time / 2
+                                rec["ms"] = 1e3 * time_call(fn, min_time=budget,
+                                                            max_reps=200 if n < (8 << 20) else 10)
+                        except Exception as e:  # a row that fails is reported, not fatal
+                            rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+                        results.append(rec)
+                        if log and rec["error"]:
+                            log(f"  [{key} n={n} {mode}] {rec['error']}")
+    return results
+
+
+def _fmt_n(n):
+    for unit, div in (("M", 1 << 20), ("K", 1 << 10)):
+        if n >= div and n % div == 0:
+            return f"{n // div}{unit}"
+    return str(n)
+
+
+def table(results, ref_key="aot", ratio_keys=None):
+    """Markdown table per (dtype, reduction, mode): ms per call per row, then the ratio other/ref."""
+    out = []
+    groups = []
+    for r in results:
+        g = (r["dtype"], r["reduction"], r["mode"])
+        if g not in groups:
+            groups.append(g)
+    for g in groups:
+        rs = [r for r in results if (r["dtype"], r["reduction"], r["mode"]) == g]
+        sizes = sorted({r["n"] for r in rs})
+        keys = []
+        for r in rs:
+            if r["row"] not in keys:
+                keys.append(r["row"])
+        labels = {r["row"]: r["label"] for r in rs}
+        cell = {(r["row"], r["n"]): r["ms"] for r in rs}
+        out.append(f"\n### {g[2]} ({'forward' if g[2] == 'fwd' else 'value + grad(input)'}), {g[0]}, "
+                   f"reduction={g[1]!r}: ms per call (median)\n")
+        out.append("| row | " + " | ".join(_fmt_n(n) for n in sizes) + " |")
+        out.append("|---|" + "---:|" * len(sizes))
+        for k in keys:
+            vals = [cell.get((k, n)) for n in sizes]
+            if all(v is None for v in vals):
+                continue
+            out.append(f"| {labels[k]} | " + " | ".join("-" if v is None else f"{v:.4g}" for v in vals) + " |")
+        if any((ref_key, n) in cell for n in sizes):
+            out.append(f"\nratio (row time / {labels.get(ref_key, ref_key)} time; >1 means {ref_key} is faster):\n")
+            out.append("| row | " + " | ".join(_fmt_n(n) for n in sizes) + " |")
+            out.append("|---|" + "---:|" * len(sizes))
+            for k in keys:
+                if k == ref_key or (ratio_keys and k not in ratio_keys):
+                    continue
+                vals = []
+                for n in sizes:
+                    a, b = cell.get((k, n)), cell.get((ref_key, n))
+                    vals.append("-" if not a or not b else f"{a / b:.3g}x")
+                if any(v != "-" for v in vals):
+                    out.append(f"| {labels[k]} | " + " | ".join(vals) + " |")
+    return "\n".join(out)
+
+
+def save_json(results, path, meta=None):
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"meta": meta or {}, "results": results}, f, indent=1)
+
+
+def plot(results, path):
+    """Time per call vs size, one panel per mode; returns False when matplotlib is not importable."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    modes = sorted({r["mode"] for r in results})
+    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 4.5), squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        rs = [r for r in results if r["mode"] == mode and r["ms"]]
+        for key in dict.fromkeys(r["row"] for r in rs):
+            pts = sorted((r["n"], r["ms"]) for r in rs if r["row"] == key)
+            ax.loglog([p[0] for p in pts], [p[1] for p in pts], marker="o",
+                      label=next(r["label"] for r in rs if r["row"] == key))
+        ax.set_title("forward" if mode == "fwd" else "value + grad(input)")
+        ax.set_xlabel("elements")
+        ax.set_ylabel("ms per call")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def geomean(vals):
+    vals = [v for v in vals if v]
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None

@@ -1,0 +1,126 @@
+"""The standard rows: ms_kldiv backends, MindSpore's ops.kl_div, torch, and the streaming roofline.
+
+Every row runs one synchronized step: MindSpore results are brought to the host with ``asnumpy()`` (a 0-d
+copy for reduced outputs), so asynchronous dispatch cannot hide work.
+"""
+import numpy as np
+
+from .harness import add_row, make_data
+
+_MS_DTYPES = {}
+
+
+def _ms():
+    import mindspore as ms
+    return ms
+
+
+def _tensors(n, dtype):
+    ms = _ms()
+    x, t = make_data(n, "float32" if dtype == "bfloat16" else dtype)
+    dt = {"float32": ms.float32, "float64": ms.float64, "float16": ms.float16, "bfloat16": ms.bfloat16}[dtype]
+    return ms.Tensor(x).astype(dt), ms.Tensor(t).astype(dt)
+
+
+def _sync(v):
+    if isinstance(v, (tuple, list)):
+        for e in v:
+            _sync(e)
+    else:
+        v.asnumpy()
+
+
+def ms_kldiv_row(backend, jit):
+    def factory(n, dtype, reduction, mode):
+        ms = _ms()
+        import ms_kldiv
+        x, t = _tensors(n, dtype)
+
+        def f(a, b):
+            return ms_kldiv.kl_div(a, b, reduction=reduction, backend=backend)
+
+        if mode == "grad":
+            f = ms.value_and_grad(f, grad_position=0)
+        if jit:
+            f = ms.jit(f)
+        return lambda: _sync(f(x, t))
+    return factory
+
+
+def ms_ops_row(jit):
+    def factory(n, dtype, reduction, mode):
+        ms = _ms()
+        from mindspore import ops
+        x, t = _tensors(n, dtype)
+
+        def f(a, b):
+            return ops.kl_div(a, b, reduction=reduction)
+
+        if mode == "grad":
+            f = ms.value_and_grad(f, grad_position=0)
+        if jit:
+            f = ms.jit(f)
+        return lambda: _sync(f(x, t))
+    return factory
+
+
+def torch_factory(n, dtype, reduction, mode):
+    import torch
+    import torch.nn.functional as F
+    x, t = make_data(n, "float32")
+    tdt = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+           "bfloat16": torch.bfloat16}[dtype]
+    xt, tt = torch.from_numpy(x).to(tdt), torch.from_numpy(t).to(tdt)
+    if mode == "fwd":
+        def step():
+            with torch.no_grad():
+                F.kl_div(xt, tt, reduction=reduction).item() if reduction != "none" else F.kl_div(xt, tt, reduction=reduction)
+        return step
+    xg = xt.clone().requires_grad_(True)
+
+    def step():
+        xg.grad = None
+        loss = F.kl_div(xg, tt, reduction=reduction)
+        (loss if reduction != "none" else loss.sum()).backward()
+        loss.item() if reduction != "none" else None
+    return step
+
+
+def roofline_factory(n, dtype, reduction, mode):
+    """Time to read the bytes a fused forward must read, with the library's own threads (float32 only)."""
+    if mode != "fwd" or dtype != "float32":
+        return None
+    import ctypes
+    from ms_kldiv.backends import get as get_backend
+    path, reason = get_backend("aot", "CPU").library("CPU")
+    if reason:
+        raise RuntimeError(reason)
+    fn = ctypes.CDLL(path).KLDivStreamRead
+    fn.restype = ctypes.c_double
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    x, t = make_data(n, "float32")
+    return lambda: fn(x.ctypes.data, t.ctypes.data, n)
+
+
+def numpy_read_factory(n, dtype, reduction, mode):
+    """Single-threaded NumPy sum over the same bytes, a second reading of the roofline."""
+    if mode != "fwd":
+        return None
+    x, t = make_data(n, dtype if dtype != "bfloat16" else "float32")
+    return lambda: (x.sum(), t.sum())
+
+
+def register_default_rows(with_torch=True):
+    add_row("aot", "ms_kldiv aot (PyNative)", ms_kldiv_row("aot", jit=False))
+    add_row("aot_jit", "ms_kldiv aot (ms.jit)", ms_kldiv_row("aot", jit=True))
+    add_row("composite_jit", "ms_kldiv composite (ms.jit)", ms_kldiv_row("composite", jit=True))
+    add_row("ops_jit", "mindspore ops.kl_div (ms.jit)", ms_ops_row(jit=True))
+    add_row("ops", "mindspore ops.kl_div (PyNative)", ms_ops_row(jit=False))
+    if with_torch:
+        try:
+            import torch  # noqa: F401  (imported here, before timing: its OpenMP runtime is then loaded)
+            add_row("torch", "torch F.kl_div", torch_factory)
+        except ImportError:
+            pass
+    add_row("roofline", "stream read (C++, same threads)", roofline_factory)
+    add_row("numpy_read", "stream read (numpy sum, 1 thread)", numpy_read_factory)
