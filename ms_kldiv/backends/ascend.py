@@ -1,1 +1,398 @@
-"""Backend 'ascend': registered by its own issue; this module is a placeholder until then."""
+"""Ascend backends: 'aot' (our AscendC operators) and 'native' (MindSpore's aclnn KLDiv with our gradient).
+
+Both register for the 'Ascend' device target only. Importing this module, registering, and asking
+``backend_info()`` on CPU or GPU touch nothing Ascend-specific; the AscendC primitives are created in
+``make_op``, which only runs once ``resolve`` found the backend usable on Ascend.
+
+'aot' (preference 100) calls ``KlDivCustom`` / ``KlDivCustomGrad`` from ``custom_ops/ascend`` through
+``ops.Custom(..., func_type="aot")``. It is available when that custom-op package is installed: found through
+``ASCEND_CUSTOM_OPP_PATH`` or in ``$ASCEND_OPP_PATH/vendors``. The kernels take one shape and one dtype, so
+this layer broadcasts first (MindSpore's BroadcastTo gradient then sums each gradient back to its operand's
+shape), sends float64 and empty tensors to the composite backend (the vector units have no float64), and
+supplies the second-order gradient in plain ops.
+
+'native' (preference 50) takes the value from MindSpore's ``KLDiv`` primitive (aclnnKlDiv, the kernel behind
+``mint.nn.functional.kl_div``) and supplies both gradients itself: MindSpore's own bprop returns zero for the
+target. aclnn follows PyTorch where the SPEC does not (NaN for negative targets, NaN for t = 0 with
+x = -inf, 'batchmean' over the broadcast shape), so lanes without target mass get safe operands (t = 1 or
+0, x = 0), whose loss is exactly 0 under either convention, and the reduction scale is applied here. float64,
+which aclnnKlDiv does not take, and empty tensors go to composite.
+"""
+import functools
+import glob
+import json
+import math
+import os
+
+import mindspore as ms
+from mindspore import nn, ops
+
+from .._validation import HALF_DTYPES, kldiv_broadcast_shape
+from . import register
+from .base import Backend
+from .composite import CompositeBackend, pointwise_fns
+
+__all__ = ["AscendAotBackend", "AscendNativeBackend", "find_custom_opp", "AscendCKernels", "NativeKernel",
+           "AotKLDiv", "NativeKLDiv"]
+
+OP_NAME = "KlDivCustom"
+GRAD_OP_NAME = "KlDivCustomGrad"
+VENDOR = "ms_kldiv"
+# The header MindSpore reads to build the aclnn call for a Custom named OP_NAME (see _custom_ops_utils).
+_ACLNN_HEADER = "aclnn_kl_div_custom.h"
+
+
+# ------------------------------------------------------------------------------------------ detection
+def _vendor_dirs():
+    """Candidate installed vendor directories, in the order CANN and MindSpore search them."""
+    dirs = [p for p in os.environ.get("ASCEND_CUSTOM_OPP_PATH", "").split(":") if p]
+    opp = os.environ.get("ASCEND_OPP_PATH")
+    if opp:
+        vendors = os.path.join(opp, "vendors")
+        names = []
+        config = os.path.join(vendors, "config.ini")
+        if os.path.isfile(config):
+            with open(config, encoding="utf-8") as f:
+                for line in f:
+                    key, _, value = line.partition("=")
+                    if key.strip().lower() == "load_priority":
+                        names += [v.strip() for v in value.split(",") if v.strip()]
+        names.append(VENDOR)
+        dirs += [os.path.join(vendors, n) for n in dict.fromkeys(names)]
+    return dirs
+
+
+def _has_op(vendor_dir):
+    """True if the vendor directory registers both operators and ships the aclnn header of the forward."""
+    if not os.path.isfile(os.path.join(vendor_dir, "op_api", "include", _ACLNN_HEADER)):
+        return False
+    for path in glob.glob(os.path.join(vendor_dir, "op_impl", "ai_core", "tbe", "config", "*", "aic-*-ops-info.json")):
+        try:
+            with open(path, encoding="utf-8") as f:
+                info = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if OP_NAME in info and GRAD_OP_NAME in info:
+            return True
+    return False
+
+
+@functools.lru_cache(maxsize=8)
+def _find_custom_opp(custom_opp_path, opp_path):
+    del custom_opp_path, opp_path  # cache key only: the search reads the environment
+    searched = _vendor_dirs()
+    for d in searched:
+        if _has_op(d):
+            return d, tuple(searched)
+    return None, tuple(searched)
+
+
+def find_custom_opp():
+    """(vendor directory holding KlDivCustom and KlDivCustomGrad, or None; the directories searched)."""
+    return _find_custom_opp(os.environ.get("ASCEND_CUSTOM_OPP_PATH"), os.environ.get("ASCEND_OPP_PATH"))
+
+
+# ---------------------------------------------------------------------------------- AscendC kernels
+def _same_shape(x, *_):
+    return x
+
+
+def _scalar_shape(*_):
+    return []
+
+
+def _first_dtype(x, *_):
+    return x
+
+
+def _reg_info(name, inputs, outputs):
+    from mindspore.ops import CustomRegOp, DataType
+    reg = CustomRegOp(name)
+    for i, n in enumerate(inputs):
+        reg = reg.input(i, n, "required")
+    for i, n in enumerate(outputs):
+        reg = reg.output(i, n, "required")
+    reg = reg.attr("reduction", "required", "str").attr("log_target", "required", "bool")
+    k = len(inputs) + len(outputs)
+    for fmt in (DataType.F32_Default, DataType.F16_Default, DataType.BF16_Default):
+        reg = reg.dtype_format(*([fmt] * k))
+    return reg.target("Ascend").get_op_info()
+
+
+class _KernelForward(nn.Cell):
+    """KlDivCustom with its attributes bound. The attributes travel as trailing scalar arguments, which
+    MindSpore's AscendC path maps onto the aclnn call after the tensors, in reg_info order."""
+
+    def __init__(self, reduction, log_target):
+        super().__init__()
+        self.reduction = reduction
+        self.log_target = log_target
+        self.op = ops.Custom(OP_NAME, out_shape=_same_shape if reduction == "none" else _scalar_shape,
+                             out_dtype=_first_dtype, func_type="aot",
+                             reg_info=_reg_info(OP_NAME, ("x", "target"), ("y",)))
+
+    def construct(self, x, t):
+        return self.op(x, t, self.reduction, self.log_target)
+
+
+class _KernelBackward(nn.Cell):
+    """KlDivCustomGrad with its attributes bound: (x, t, dout) -> (dx, dtarget)."""
+
+    def __init__(self, reduction, log_target):
+        super().__init__()
+        self.reduction = reduction
+        self.log_target = log_target
+        self.op = ops.Custom(GRAD_OP_NAME, out_shape=lambda x, t, g: (x, t), out_dtype=lambda x, t, g: (x, t),
+                             func_type="aot",
+                             reg_info=_reg_info(GRAD_OP_NAME, ("x", "target", "dout"), ("dx", "dtarget")))
+
+    def construct(self, x, t, g):
+        return self.op(x, t, g, self.reduction, self.log_target)
+
+
+class AscendCKernels:
+    """Factory of the two kernel Cells. The CPU tests substitute an object with the same two methods whose
+    Cells run the NumPy model of the kernels (custom_ops/ascend/tests/kldiv_tile_model.py).
+
+    Contract (same-shaped, same-dtype x and t; float16, bfloat16 or float32):
+      forward(reduction, log_target)(x, t) -> loss for 'none', else the 0-d sum times scale;
+      backward(reduction, log_target)(x, t, dout) -> (dx, dt), the pointwise derivatives times dout
+      (elementwise for 'none', the one element of a 0-d dout otherwise) times scale;
+      scale = 1 ('none', 'sum'), 1/numel ('mean'), 1/x.shape[0] ('batchmean').
+    """
+
+    def forward(self, reduction, log_target):
+        return _KernelForward(reduction, log_target)
+
+    def backward(self, reduction, log_target):
+        return _KernelBackward(reduction, log_target)
+
+
+# Second-order helpers, picked in __init__: a Python branch inside a Cell with a bprop breaks grad-of-jit.
+def _scale_one(x):
+    return 1.0
+
+
+def _scale_mean(x):
+    return 1.0 / ops.size(x)
+
+
+def _scale_batch(x):
+    return 1.0 / x.shape[0]
+
+
+_SCALES = {"none": _scale_one, "sum": _scale_one, "mean": _scale_mean, "batchmean": _scale_batch}
+
+
+def _identity(v):
+    return v
+
+
+def _sum_all(v):
+    return ops.sum(v)
+
+
+def _second_prob(x, t, g, cx, ct):
+    """Cotangents of (x, t, g) for dx = -t g, dt = (log t + 1 - x) g, masked (s folded into g)."""
+    mass = ops.logical_not(t <= 0)
+    xs, ts = ops.where(mass, x, 0.0), ops.where(mass, t, 1.0)
+    gx = ops.where(mass, -ct * g, 0.0)
+    gt = ops.where(mass, -cx * g + ct * g / ts, 0.0)
+    gg = ops.where(mass, -cx * ts + ct * (ops.log(ts) + 1 - xs), 0.0)
+    return gx, gt, gg
+
+
+def _second_log(x, t, g, cx, ct):
+    """Same for log_target: dx = -e g, dt = e (t - x + 1) g with e = exp(t)."""
+    mass = ops.logical_not(t == -math.inf)
+    xs, ts = ops.where(mass, x, 0.0), ops.where(mass, t, 0.0)
+    e = ops.exp(ts)
+    gx = ops.where(mass, -ct * e * g, 0.0)
+    gt = ops.where(mass, (-cx + ct * (ts - xs + 2)) * e * g, 0.0)
+    gg = ops.where(mass, (-cx + ct * (ts - xs + 1)) * e, 0.0)
+    return gx, gt, gg
+
+
+class _AotGradCore(nn.Cell):
+    """The backward kernel, differentiable once more (its own bprop, in plain ops, hence differentiable
+    again): second-order gradients of the loss."""
+
+    def __init__(self, kernels, reduction, log_target):
+        super().__init__()
+        self.kernel = kernels.backward(reduction, log_target)
+        self.second = _second_log if log_target else _second_prob
+        self.scale = _SCALES[reduction]
+        self.fold_g = _identity if reduction == "none" else _sum_all
+
+    def construct(self, x, t, g):
+        return self.kernel(x, t, g)
+
+    def bprop(self, x, t, g, out, dout):
+        f32 = ms.float32
+        cx, ct = dout
+        s = self.scale(x)
+        gx, gt, gg = self.second(ops.cast(x, f32), ops.cast(t, f32), ops.cast(g, f32) * s,
+                                 ops.cast(cx, f32), ops.cast(ct, f32))
+        gg = ops.reshape(self.fold_g(gg * s), g.shape)
+        return ops.cast(gx, x.dtype), ops.cast(gt, t.dtype), ops.cast(gg, g.dtype)
+
+
+class _AotCore(nn.Cell):
+    """The forward kernel with the backward kernel as its gradient (both gradients in one launch)."""
+
+    def __init__(self, kernels, reduction, log_target):
+        super().__init__()
+        self.kernel = kernels.forward(reduction, log_target)
+        self.grad = _AotGradCore(kernels, reduction, log_target)
+
+    def construct(self, x, t):
+        return self.kernel(x, t)
+
+    def bprop(self, x, t, out, dout):
+        return self.grad(x, t, dout)
+
+
+class AotKLDiv(nn.Cell):
+    """The 'aot' op on Ascend: route, broadcast, call the AscendC kernels."""
+
+    def __init__(self, reduction, log_target, kernels=None, fallback=None):
+        super().__init__()
+        kernels = kernels or AscendCKernels()
+        self.reduction = reduction
+        self.core = _AotCore(kernels, reduction, log_target)
+        # 'batchmean' divides by the input's first dimension before broadcasting (SPEC), which the kernel
+        # cannot see once the input is broadcast; that case reduces with 'sum' and scales here.
+        self.core_sum = _AotCore(kernels, "sum", log_target) if reduction == "batchmean" else None
+        self.fallback = fallback if fallback is not None else CompositeBackend().make_op(reduction, log_target)
+
+    def construct(self, x, t):
+        shape = kldiv_broadcast_shape(ops.shape(x), ops.shape(t))
+        # Dynamic dims (None) cannot go through the kernels' Python shape inference.
+        if x.dtype == ms.float64 or None in shape or 0 in shape:
+            return self.fallback(x, t)
+        batch = x.shape[0] if x.ndim else 1
+        broadcast_x = x.shape != shape
+        if broadcast_x:
+            x = ops.broadcast_to(x, shape)
+        if t.shape != shape:
+            t = ops.broadcast_to(t, shape)
+        if self.reduction == "batchmean" and (broadcast_x or not shape):
+            return self.core_sum(x, t) / batch
+        return self.core(x, t)
+
+
+# ------------------------------------------------------------------------------------- native (aclnn)
+def _native_primitive():
+    """MindSpore's KLDiv primitive (aclnnKlDiv). Not ``mint.nn.functional.kl_div`` itself: that wrapper
+    branches in Python on the reduction, which breaks grad-of-jit inside a Cell with a bprop."""
+    try:
+        from mindspore.ops.auto_generate.gen_ops_prim import KLDiv
+        prim = KLDiv()
+        return lambda x, t, reduction, log_target: prim(x, t, reduction, log_target)
+    except ImportError:  # a later MindSpore may move it; the public wrapper is right for 'none'/'sum'
+        from mindspore import mint
+        return mint.nn.functional.kl_div
+
+
+class NativeKernel:
+    """Source of the value function; the CPU tests substitute one (aclnn does not exist there)."""
+
+    def __call__(self):
+        return _native_primitive()
+
+
+def _safe_prob(x, t):
+    mass = ops.logical_not(t <= 0)
+    return ops.where(mass, x, 0.0), ops.where(mass, t, 1.0)
+
+
+def _safe_log(x, t):
+    mass = ops.logical_not(t == -math.inf)
+    return ops.where(mass, x, 0.0), ops.where(mass, t, 0.0)
+
+
+class _NativeCore(nn.Cell):
+    """aclnn's value of 'none' or 'sum' on safe operands, with the SPEC's gradient table as bprop."""
+
+    def __init__(self, kl_div_fn, summed, log_target):
+        super().__init__()
+        self.kl_div = kl_div_fn
+        self.reduction = "sum" if summed else "none"
+        self.log_target = log_target
+        self.safe = _safe_log if log_target else _safe_prob
+        self.grads_fn = pointwise_fns(log_target)[1]
+
+    def construct(self, x, t):
+        xs, ts = self.safe(x, t)
+        return self.kl_div(xs, ts, self.reduction, self.log_target)
+
+    def bprop(self, x, t, out, dout):
+        dx, dt = self.grads_fn(x, t)
+        g = ops.cast(dout, x.dtype)
+        return dx * g, dt * g
+
+
+class NativeKLDiv(nn.Cell):
+    """The 'native' op on Ascend: aclnnKlDiv for the value, our gradients, SPEC scaling."""
+
+    def __init__(self, reduction, log_target, kernel=None, fallback=None):
+        super().__init__()
+        self.reduction = reduction
+        self.core = _NativeCore((kernel or NativeKernel())(), reduction != "none", log_target)
+        self.fallback = fallback if fallback is not None else CompositeBackend().make_op(reduction, log_target)
+
+    def construct(self, x, t):
+        dtype = x.dtype
+        shape = kldiv_broadcast_shape(ops.shape(x), ops.shape(t))
+        if dtype == ms.float64 or None in shape or 0 in shape:
+            return self.fallback(x, t)
+        batch = x.shape[0] if x.ndim else 1
+        if x.shape != shape:
+            x = ops.broadcast_to(x, shape)
+        if t.shape != shape:
+            t = ops.broadcast_to(t, shape)
+        # Half types in float32, as the SPEC asks; aclnn's internal precision for them is not documented.
+        if dtype in HALF_DTYPES:
+            x = ops.cast(x, ms.float32)
+            t = ops.cast(t, ms.float32)
+        out = self.core(x, t)
+        if self.reduction == "mean":
+            out = out / x.size
+        elif self.reduction == "batchmean":
+            out = out / batch
+        return ops.cast(out, dtype)
+
+
+# ------------------------------------------------------------------------------------------- backends
+class AscendAotBackend(Backend):
+    name = "aot"
+    description = "AscendC operators KlDivCustom/KlDivCustomGrad (custom_ops/ascend), fused forward and backward"
+    preference = {"Ascend": 100}
+
+    def unavailable_reason(self, device):
+        reason = super().unavailable_reason(device)
+        if reason is not None:
+            return reason
+        found, searched = find_custom_opp()
+        if found is None:
+            where = ", ".join(searched) if searched else "ASCEND_CUSTOM_OPP_PATH and ASCEND_OPP_PATH are unset"
+            return (f"the AscendC custom-op package ({OP_NAME}, {GRAD_OP_NAME}) is not installed; build and install "
+                    f"it with custom_ops/ascend/build.sh --install, or point ASCEND_CUSTOM_OPP_PATH at its "
+                    f"vendors/{VENDOR} directory (searched: {where})")
+        return None
+
+    def make_op(self, reduction, log_target):
+        return AotKLDiv(reduction, log_target)
+
+
+class AscendNativeBackend(Backend):
+    name = "native"
+    description = "MindSpore's aclnnKlDiv for the value, with both gradients (MindSpore's gives 0 for target)"
+    preference = {"Ascend": 50}
+
+    def make_op(self, reduction, log_target):
+        return NativeKLDiv(reduction, log_target)
+
+
+register(AscendAotBackend())
+register(AscendNativeBackend())
