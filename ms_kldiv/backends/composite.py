@@ -102,7 +102,8 @@ class CompositeKLDiv(nn.Cell):
             t = ops.cast(t, ms.float32)
         sx, st = ops.shape(x), ops.shape(t)
         shape = kldiv_broadcast_shape(sx, st)
-        if None in shape:
+        # Compiled CPU BroadcastTo refuses an empty target shape; arithmetic broadcasting handles it.
+        if None in shape or 0 in shape:
             if sx != st:  # dynamic dims: let the arithmetic broadcast (summing gradients back) at run time
                 x = x + ops.zeros_like(t)
                 t = t + ops.zeros_like(x)
