@@ -1,5 +1,39 @@
 """Installs ms_kldiv. Compiling the custom kernels is hooked into build_py (see ms_kldiv/_build.py)."""
+import importlib.util
+import os
+
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load_build():
+    # By file path: importing the ms_kldiv package would import MindSpore, which setup must not need.
+    spec = importlib.util.spec_from_file_location("_ms_kldiv_build", os.path.join(HERE, "ms_kldiv", "_build.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class BuildPyWithKernels(build_py):
+    """build_py that also compiles libkldiv_cpu.so (and libkldiv_cuda.so when nvcc is here) into ms_kldiv/_lib
+    and ships the kernel sources as ms_kldiv/_csrc, so an installed copy can rebuild for its own machine.
+    With ``pip install -e .`` the libraries go into the source tree's ms_kldiv/_lib."""
+
+    def run(self):
+        super().run()
+        b = _load_build()
+        editable = getattr(self, "editable_mode", False)
+        pkg_dir = os.path.join(HERE, "ms_kldiv") if editable else os.path.join(self.build_lib, "ms_kldiv")
+        if not editable:
+            b.copy_sources(os.path.join(pkg_dir, "_csrc"))
+        try:
+            b.build(os.path.join(pkg_dir, "_lib"), cuda=None, log=lambda m: self.announce(m, level=2))
+        except b.BuildError as e:
+            # Not fatal: at run time 'auto' falls back to 'composite' (and says why) or compiles later.
+            self.warn(f"ms_kldiv: kernel library not built ({str(e).splitlines()[0]})")
+
 
 setup(
     name="ms_kldiv",
@@ -10,6 +44,7 @@ setup(
     python_requires=">=3.9",
     packages=find_packages(include=["ms_kldiv", "ms_kldiv.*"]),
     include_package_data=True,
+    cmdclass={"build_py": BuildPyWithKernels},
     install_requires=[
         "mindspore>=2.10,<2.11",  # tested with 2.10.0
         "numpy<2",  # MindSpore 2.10 is built against NumPy 1.x

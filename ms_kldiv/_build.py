@@ -101,11 +101,15 @@ def source_hash(device, src=None):
 
 # --------------------------------------------------------------------------------------------- compilers
 def _cxx():
-    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if os.environ.get("CXX"):
+        return shutil.which(os.environ["CXX"])  # an explicit choice that does not exist means no compiler
+    return shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
 
 
 def _nvcc():
-    cand = os.environ.get("NVCC") or shutil.which("nvcc")
+    if os.environ.get("NVCC"):
+        return shutil.which(os.environ["NVCC"])
+    cand = shutil.which("nvcc")
     if not cand and os.environ.get("CUDA_HOME"):
         p = os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc")
         cand = p if os.path.exists(p) else None

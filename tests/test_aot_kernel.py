@@ -1,0 +1,203 @@
+"""CPU AOT kernel specifics (backend 'aot'): stride-broadcast patterns, sizes around thread / SIMD / block
+boundaries, every dtype, special values, dynamic shapes, second order vs composite, float32 accuracy at
+32M elements, and the fallback when the library is missing. Values and gradients against the float64
+reference, in PyNative and compiled (ms.jit functional, GRAPH_MODE Cell)."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import mindspore as ms
+from mindspore import Tensor, nn
+
+import ms_kldiv
+from ms_kldiv import reference as ref
+from conftest import (DTYPES, DTYPE_IDS, check_outcomes, graph_mode, make, run, run_second_order, to_numpy)
+
+AOT = {r["name"]: r for r in ms_kldiv.backend_info()}.get("aot", {})
+pytestmark = pytest.mark.skipif(not AOT.get("available"), reason=f"aot backend unavailable: {AOT.get('reason')}")
+
+QUICK_MODES = ("pynative", "jit", "graph")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _data(xs, ts, log_target, rng, special=True):
+    x = rng.standard_normal(xs) - 1.0
+    t = rng.random(ts)
+    if special and t.size >= 3:
+        t.flat[0] = 0.0          # no mass
+        t.flat[1] = -0.5         # negative: no mass either
+        if x.size:
+            x.flat[0] = -np.inf  # x = -inf where the mass is 0 must stay 0
+    if log_target:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = np.where(t > 0, np.log(np.where(t > 0, t, 1.0)), -np.inf)
+    return x, t
+
+
+BROADCASTS = [((4, 1, 5), (3, 1)), ((1,), (7, 9)), ((), ()), ((), (3, 2)), ((5,), ()), ((3, 4), (4,)),
+              ((2, 3), (2, 1)), ((2, 1, 3), (1, 4, 1)), ((0, 3), (3,)), ((6, 7), (6, 7))]
+
+
+@pytest.mark.parametrize("mode", QUICK_MODES)
+@pytest.mark.parametrize("log_target", [False, True])
+@pytest.mark.parametrize("xs,ts", BROADCASTS, ids=[f"{a}-{b}" for a, b in BROADCASTS])
+def test_broadcast_patterns(mode, log_target, xs, ts):
+    rng = np.random.default_rng(abs(hash((xs, ts))) % 2**32)
+    x, t = _data(xs, ts, log_target, rng)
+    xt, xv = make(x, ms.float32)
+    tt, tv = make(t, ms.float32)
+    res = run(mode, "aot", xt, tt, log_target)
+    check_outcomes(res, xv, tv, log_target, None, None, ms.float32, what=f"{mode} {xs} vs {ts}")
+
+
+# 1, SIMD tails (7, 8, 9, 17), the reduction block (256), the parallel threshold (65536) and chunk grain.
+SIZES = [1, 7, 8, 9, 17, 255, 256, 257, 65535, 65536, 65537, 3 * 32768 + 5]
+
+
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+@pytest.mark.parametrize("n", SIZES)
+def test_sizes_around_boundaries(mode, n):
+    rng = np.random.default_rng(n)
+    x, t = _data((n,), (n,), False, rng)
+    xt, xv = make(x, ms.float32)
+    tt, tv = make(t, ms.float32)
+    res = run(mode, "aot", xt, tt, False)
+    check_outcomes(res, xv, tv, False, None, None, ms.float32, what=f"n={n}")
+    # a broadcast target row exercises the stride-0 runs and the per-chunk gradient buffers
+    rows = max(1, n // 64)
+    x2, t2 = _data((rows, 64), (64,), True, rng)
+    xt2, xv2 = make(x2, ms.float32)
+    tt2, tv2 = make(t2, ms.float32)
+    res2 = run(mode, "aot", xt2, tt2, True)
+    check_outcomes(res2, xv2, tv2, True, None, None, ms.float32, what=f"rows={rows}")
+
+
+@pytest.mark.parametrize("mode", QUICK_MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_dtypes(mode, dtype):
+    rng = np.random.default_rng(7)
+    for log_target in (False, True):
+        x, t = _data((3, 1, 300), (5, 1), log_target, rng)
+        xt, xv = make(x, dtype)
+        tt, tv = make(t, dtype)
+        res = run(mode, "aot", xt, tt, log_target)
+        check_outcomes(res, xv, tv, log_target, None, None, dtype, what=f"{dtype}")
+
+
+@pytest.mark.parametrize("mode", QUICK_MODES)
+def test_nan_and_inf(mode):
+    x = np.array([np.nan, 0.5, -np.inf, np.inf, 1.0, np.nan, -1.0, 2.0])
+    t = np.array([0.5, np.nan, 0.0, 0.3, np.inf, 0.0, -np.inf, 1e-30])
+    for log_target in (False, True):
+        xt, xv = make(x, ms.float32)
+        tt, tv = make(t, ms.float32)
+        res = run(mode, "aot", xt, tt, log_target)
+        check_outcomes(res, xv, tv, log_target, None, None, ms.float32, what="special values")
+
+
+class _Loss(nn.Cell):
+    def __init__(self, reduction, log_target):
+        super().__init__()
+        self.loss = ms_kldiv.KLDivLoss(reduction, log_target, backend="aot")
+
+    def construct(self, x, t):
+        return self.loss(x, t)
+
+
+@pytest.mark.parametrize("reduction", ref.REDUCTIONS)
+def test_dynamic_shape_graph(reduction):
+    rng = np.random.default_rng(3)
+    with graph_mode():
+        cell = _Loss(reduction, False)
+        cell.set_inputs(Tensor(shape=[None, 6], dtype=ms.float32), Tensor(shape=[6], dtype=ms.float32))
+        grad = ms.grad(cell, grad_position=(0, 1))
+        for b in (2, 5, 3, 1):
+            x, t = _data((b, 6), (6,), False, rng)
+            out = cell(Tensor(x, ms.float32), Tensor(t, ms.float32))
+            want = ref.kl_div(x.astype(np.float32), t.astype(np.float32), reduction)
+            assert out.shape == want.shape
+            np.testing.assert_allclose(to_numpy(out), want, rtol=1e-5, atol=1e-6)
+            gx, gt = grad(Tensor(x, ms.float32), Tensor(t, ms.float32))
+            rx, rt = ref.kl_div_grads(x.astype(np.float32), t.astype(np.float32), reduction)
+            np.testing.assert_allclose(to_numpy(gx), rx, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(to_numpy(gt), rt, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", QUICK_MODES)
+@pytest.mark.parametrize("log_target", [False, True])
+def test_second_order_matches_composite(mode, log_target):
+    rng = np.random.default_rng(11)
+    x, t = _data((3, 4), (4,), log_target, rng, special=False)
+    t[..., 0] = -np.inf if log_target else 0.0  # one masked column
+    w_none = Tensor(rng.standard_normal((3, 4)), ms.float32)
+    w_red = Tensor(np.float32(0.7))
+    v1 = Tensor(rng.standard_normal((3, 4)), ms.float32)
+    v2 = Tensor(rng.standard_normal((4,)), ms.float32)
+    args = (Tensor(x, ms.float32), Tensor(t, ms.float32), log_target, w_none, w_red, v1, v2)
+    got = run_second_order(mode, "aot", *args)
+    # composite's own PyNative second order currently fails inside composite.py (reported), so the
+    # PyNative aot result is compared with composite compiled under ms.jit: same math, same contract.
+    want = run_second_order("jit" if mode == "pynative" else mode, "composite", *args)
+    for r in got:
+        for g, w in zip(got[r], want[r]):
+            assert g.shape == w.shape
+            np.testing.assert_allclose(to_numpy(g), to_numpy(w), rtol=1e-5, atol=1e-5, err_msg=f"{r}")
+
+
+@pytest.mark.parametrize("mode", ["pynative", "jit"])
+def test_float32_sum_accuracy_32m(mode):
+    n = 32 << 20
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(n, dtype=np.float32) - 3.0
+    t = rng.random(n, dtype=np.float32)
+    want = float(ref.kl_div(x, t, "sum"))
+    fn = (lambda a, b: ms_kldiv.kl_div(a, b, "sum", backend="aot"))
+    if mode == "jit":
+        fn = ms.jit(fn)
+    got = float(fn(Tensor(x), Tensor(t)).asnumpy())
+    assert abs(got - want) <= 1e-6 * abs(want), (got, want)
+
+
+def _python(code, env_extra, cwd):
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), **env_extra)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=cwd,
+                          timeout=300)
+
+
+FALLBACK = r"""
+import warnings, numpy as np, mindspore as ms, ms_kldiv
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter('always')
+    row = {r['name']: r for r in ms_kldiv.backend_info()}['aot']
+    assert not row['available'] and row['reason'], row
+    print('REASON', row['reason'])
+    x = ms.Tensor(np.array([0.5, 0.5], np.float32)); t = ms.Tensor(np.array([0.0, 1.0], np.float32))
+    a = float(ms_kldiv.kl_div(x, t, 'sum').asnumpy()); b = float(ms_kldiv.kl_div(x, t, 'sum').asnumpy())
+    n = sum('aot' in str(m.message) for m in w)
+assert abs(a - (-0.5)) < 1e-6 and a == b, (a, b)
+assert n == 1, n  # warned once, not per call
+try:
+    ms_kldiv.kl_div(x, t, backend='aot'); raise SystemExit('no error')
+except RuntimeError as e:
+    assert 'aot' in str(e)
+print('OK')
+"""
+
+
+@pytest.mark.parametrize("how", ["library_missing", "no_compiler"])
+def test_fallback_without_library(tmp_path, how):
+    env = {"MS_KLDIV_CACHE": str(tmp_path / "cache")}
+    if how == "library_missing":
+        env["MS_KLDIV_LIB_DIR"] = str(tmp_path / "nothing_here")
+    else:
+        env.update(CXX=str(tmp_path / "no-such-compiler"), MS_KLDIV_SOURCE_DIR=os.path.join(REPO, "custom_ops"))
+    work = tmp_path / "cwd"
+    work.mkdir()
+    proc = _python(FALLBACK, env, str(work))
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    if how == "no_compiler":
+        assert "compiler" in proc.stdout
+    assert os.listdir(work) == [], os.listdir(work)
