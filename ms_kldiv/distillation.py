@@ -10,6 +10,7 @@ import math
 
 import mindspore as ms
 from mindspore import Tensor, nn, ops
+from mindspore.ops import constexpr
 
 from . import _validation
 from .functional import kl_div
@@ -26,13 +27,18 @@ def _check_temperature(temperature, name):
         raise ValueError(f"For '{name}', 'temperature' must be a positive finite number, but got {temperature!r}.")
 
 
+@constexpr
 def _check_broadcast(shape_s, shape_t, name):
+    # A constexpr runs in Python at compile time; as plain graph code this loop over a dynamic shape would be
+    # left to run time and make the whole graph untyped, which custom-op backends cannot compile.
     n = max(len(shape_s), len(shape_t))
     a = (1,) * (n - len(shape_s)) + tuple(shape_s)
     b = (1,) * (n - len(shape_t)) + tuple(shape_t)
     for ds, dt in zip(a, b):
-        # Negative dims are unknown until run time (dynamic shapes): trusted here, checked by the kernels.
-        if ds != dt and ds != 1 and dt != 1 and ds >= 0 and dt >= 0:
+        # Unknown dims (None or negative, dynamic shapes) are trusted here and checked by the kernels.
+        if ds is None or dt is None or ds < 0 or dt < 0:
+            continue
+        if ds != dt and ds != 1 and dt != 1:
             raise ValueError(f"For '{name}', 'student_logits' shape {tuple(shape_s)} and 'teacher_logits' shape "
                              f"{tuple(shape_t)} cannot be broadcast together.")
 
@@ -51,7 +57,7 @@ def _check_args(student_logits, teacher_logits, temperature, reduction, name):
         if value.ndim < 1:
             raise ValueError(f"For '{name}', '{arg_name}' must have at least 1 dimension (the classes on the "
                              f"last axis), but got a 0-d Tensor.")
-    _check_broadcast(student_logits.shape, teacher_logits.shape, name)
+    _check_broadcast(ops.shape(student_logits), ops.shape(teacher_logits), name)
     return _validation.promote(student_logits.dtype, teacher_logits.dtype)
 
 
@@ -86,7 +92,9 @@ def _distill(student_logits, teacher_logits, temperature, reduction, backend, dt
     loss = kl_div(log_p_student, log_p_teacher, reduction=kl_reduction, log_target=True, backend=backend)
     if temperature != 1:
         loss = loss * (temperature * temperature)
-    if loss.dtype != dtype:
+    # kl_div returns compute_dtype; decided from the constants rather than loss.dtype, which a custom op's
+    # Python type inference leaves unknown until run time in a dynamic-shape graph.
+    if compute_dtype != dtype:
         loss = ops.cast(loss, dtype)
     return loss
 

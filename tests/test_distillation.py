@@ -316,3 +316,47 @@ def test_training_step_graph_mode():
         assert last < 0.7 * first
     finally:
         ms.set_context(mode=old)
+
+
+# ---------------------------------------------------------------- every backend, dynamic shapes
+@pytest.mark.parametrize("run_mode", ["pynative", "graph"])
+def test_every_backend_with_masks(backend, run_mode):
+    """`backend` (conftest) is each backend available here: distillation_loss must be right on all of them."""
+    rng = np.random.default_rng(21)
+    s_np, t_np = _logits(rng, (3, 5)), _logits(rng, (3, 5))
+    s_np[0, 1] = t_np[0, 1] = NEG   # masked in both
+    t_np[1, 3] = NEG                # masked in the teacher only
+    old = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE if run_mode == "graph" else ms.PYNATIVE_MODE)
+    try:
+        net = DistillationLoss(2.0, "batchmean", backend=backend)
+        s, t = ms.Tensor(s_np), ms.Tensor(t_np)
+        np.testing.assert_allclose(net(s, t).asnumpy(), ref_loss(s_np, t_np, 2.0, "batchmean"), rtol=2e-5)
+        gs, gt = _grads(net, s, t, "batchmean")
+    finally:
+        ms.set_context(mode=old)
+    es, et = ref_grads(s_np, t_np, 2.0, "batchmean")
+    np.testing.assert_allclose(gs.asnumpy(), es, rtol=2e-4, atol=4e-6)
+    np.testing.assert_allclose(gt.asnumpy(), et, rtol=2e-4, atol=4e-6)
+
+
+def test_dynamic_batch_size(backend):
+    """One graph for every batch size (set_inputs with an unknown batch dim), values and both gradients."""
+    old = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        net = DistillationLoss(2.0, "batchmean", backend=backend)
+        spec = ms.Tensor(shape=[None, 6], dtype=ms.float32)
+        net.set_inputs(spec, spec)
+        grad_net = ms.grad(net, grad_position=(0, 1))
+        rng = np.random.default_rng(8)
+        for n in (2, 7):
+            s_np, t_np = _logits(rng, (n, 6)), _logits(rng, (n, 6))
+            s, t = ms.Tensor(s_np), ms.Tensor(t_np)
+            np.testing.assert_allclose(net(s, t).asnumpy(), ref_loss(s_np, t_np, 2.0, "batchmean"), rtol=2e-5)
+            gs, gt = grad_net(s, t)
+            es, et = ref_grads(s_np, t_np, 2.0, "batchmean")
+            np.testing.assert_allclose(gs.asnumpy(), es, rtol=2e-4, atol=4e-6)
+            np.testing.assert_allclose(gt.asnumpy(), et, rtol=2e-4, atol=4e-6)
+    finally:
+        ms.set_context(mode=old)
