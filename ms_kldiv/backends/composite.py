@@ -94,7 +94,8 @@ class CompositeKLDiv(nn.Cell):
         # 'batchmean' divides by input's first dim (not the broadcast one); a tensor so dynamic shapes work.
         batch = ops.ones((), ms.float32)
         if self.reduction == "batchmean" and x.ndim > 0:
-            batch = ops.cast(ops.dyn_shape(x)[0], ms.float32)
+            # A slice, not [0]: integer-indexing a shape tensor fails under PyNative grad-of-grad.
+            batch = ops.reshape(ops.cast(ops.dyn_shape(x)[:1], ms.float32), ())
         # Widen half types before broadcasting: MindSpore's CPU BroadcastTo and ReduceSum (which sums a
         # broadcast gradient back) have no bfloat16 kernel, and float32 sums are more accurate anyway.
         if dtype in HALF_DTYPES:
