@@ -25,8 +25,9 @@ Running the op (one compiled graph serves every reduction of a case)
         ``sum(kl_div(x, t, reduction) * w)`` with ``w = w_none`` (broadcast shape) for 'none' and
         ``w = w_red`` (0-d) otherwise; both default to ones. Cells are cached, so repeated shapes never recompile.
     ``run_second_order(mode, backend, x, t, log_target, w_none, w_red, v1s, v2s, reductions=REDUCTIONS)``
-        -> ``{reduction: (gx, gt)}``, the gradient of ``sum(dx * v1 + dt * v2)`` (v1: input's shape,
-        v2: target's shape), i.e. ``ms.grad`` of ``ms.grad``.
+        -> ``{reduction: SecondOrder(out, dx, dt, gx, gt)}``: value, the gradients of ``sum(out * w)`` and
+        the gradients of ``sum(dx * v1 + dt * v2)`` (v1: input's shape, v2: target's shape), i.e. ``ms.grad``
+        of ``ms.grad``, all from one compiled graph.
     ``loss_cell(kind, backend, reduction, log_target)``: cached single-loss Cell, kind 'cell' (KLDivLoss) or
         'functional' (a Cell calling ``ms_kldiv.kl_div``).
 
@@ -268,9 +269,13 @@ class AllReductions(nn.Cell):
 
 
 class AllSecondOrders(nn.Cell):
+    """Value, first- and second-order gradients for several reductions, in one compiled graph."""
+
     def __init__(self, losses, reductions):
         super().__init__()
-        self.first = nn.CellList([FirstOrder(Weighted(l)) for l in losses])
+        self.losses = nn.CellList(losses)
+        self.weighted = nn.CellList([Weighted(l) for l in losses])
+        self.first = nn.CellList([FirstOrder(w) for w in self.weighted])
         self.is_none = tuple(r == "none" for r in reductions)
         self.n = len(losses)
 
@@ -278,7 +283,10 @@ class AllSecondOrders(nn.Cell):
         res = ()
         for i in range(self.n):
             w = w_none if self.is_none[i] else w_red
-            res = res + (ms.grad(self.first[i], grad_position=(0, 1))(x, t, w, v1, v2),)
+            out = self.losses[i](x, t)
+            dx, dt = ms.grad(self.weighted[i], grad_position=(0, 1))(x, t, w)
+            gx, gt = ms.grad(self.first[i], grad_position=(0, 1))(x, t, w, v1, v2)
+            res = res + ((out, dx, dt, gx, gt),)
         return res
 
 
@@ -341,7 +349,10 @@ def run_second_order(mode, backend, x, t, log_target, w_none, w_red, v1, v2, red
     cell = _cached(("second", kind, backend, log_target, reductions), lambda: AllSecondOrders(
         [loss_cell(kind, backend, r, log_target) for r in reductions], reductions))
     res = call_in_mode(mode, cell, x, t, w_none, w_red, v1, v2)
-    return {r: tuple(g) for r, g in zip(reductions, res)}
+    return {r: SecondOrder(*g) for r, g in zip(reductions, res)}
+
+
+SecondOrder = namedtuple("SecondOrder", "out dx dt gx gt")
 
 
 def check_outcomes(results, x, t, log_target, w_none, w_red, dtype, grads=True, x_dtype=None, t_dtype=None,
