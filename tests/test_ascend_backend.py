@@ -246,10 +246,26 @@ def _run(mode, cell, *args):
     return cell(*args)
 
 
-def _vg(kind, reduction, log_target):
-    key = ("vg", kind, reduction, log_target)
+class AllReductions(nn.Cell):
+    """(loss, d/dx, d/dt) for every reduction in one Cell, so one graph compile serves all four."""
+
+    def __init__(self, kind, log_target):
+        super().__init__()
+        self.vgs = nn.CellList([ValueAndGrads(_op(kind, r, log_target)) for r in REDUCTIONS])
+        self.n = len(REDUCTIONS)
+
+    def construct(self, x, t, w_none, w_red):
+        res = ()
+        for i in range(self.n):
+            w = w_none if i == 0 else w_red  # REDUCTIONS[0] == 'none'
+            res = res + (self.vgs[i](x, t, w),)
+        return res
+
+
+def _all(kind, log_target):
+    key = ("all", kind, log_target)
     if key not in _CELLS:
-        _CELLS[key] = ValueAndGrads(_op(kind, reduction, log_target))
+        _CELLS[key] = AllReductions(kind, log_target)
     return _CELLS[key]
 
 
@@ -278,15 +294,15 @@ def _grad_terms(x, t, log_target):
     return clean(dx), clean(dt)
 
 
-def _check_case(kind, mode, x_np, t_np, log_target, dtype, reductions=REDUCTIONS, seed=0):
+def _check_case(kind, mode, x_np, t_np, log_target, dtype, seed=0):
     x, xv = make(x_np, dtype)
     t, tv = make(t_np, dtype)
     bshape = np.broadcast_shapes(xv.shape, tv.shape)
     rng = np.random.default_rng(seed)
-    for reduction in reductions:
-        w_np = rng.uniform(0.5, 1.5, bshape) if reduction == "none" else np.asarray(rng.uniform(0.5, 1.5))
-        w, wv = make(w_np, dtype)
-        out, dx, dt = _run(mode, _vg(kind, reduction, log_target), x, t, w)
+    (w_none, wv_none), (w_red, wv_red) = make(rng.uniform(0.5, 1.5, bshape), dtype), make(rng.uniform(0.5, 1.5), dtype)
+    results = _run(mode, _all(kind, log_target), x, t, w_none, w_red)
+    for reduction, (out, dx, dt) in zip(REDUCTIONS, results):
+        wv = wv_none if reduction == "none" else wv_red
         tag = f"{kind} {mode} {reduction} log_target={log_target} {dtype}"
         assert out.dtype == dtype and tuple(out.shape) == (bshape if reduction == "none" else ()), tag
         with np.errstate(all="ignore"):
@@ -462,3 +478,42 @@ def test_on_ascend_hardware(backend_name, mode):
             mag = np.abs(ref.pointwise_loss(xv, tv, log_target))
             assert_close(to_numpy(out), ref.kl_div(xv, tv, reduction, log_target), F32,
                          mag if reduction == "none" else mag.sum() * ref.reduction_scale(reduction, xv.shape, xv.shape))
+
+
+# ------------------------------------------------------------------------------------------ benchmark
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+BENCH = os.path.join(ROOT, "examples", "bench_ascend.py")
+
+
+def _python(code_or_args, cwd):
+    import subprocess
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable] + code_or_args, cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+@pytest.mark.skipif(ms.get_context("device_target") == "Ascend", reason="checks the no-Ascend exit path")
+def test_bench_without_ascend_exits_cleanly(tmp_path):
+    res = _python([os.path.abspath(BENCH), "--sizes", "4K"], str(tmp_path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "no Ascend device, nothing measured" in res.stdout
+    assert "Traceback" not in res.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_bench_rows_run_through_the_shared_harness(tmp_path):
+    """The rows' step functions (Cells under ms.jit, synchronize) work; on CPU only the rows that can run
+    here are timed. A subprocess keeps the rows out of this process's harness registry."""
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "import bench_ascend as b\n"
+            "from ms_kldiv.bench import harness\n"
+            "b._rows(harness)\n"
+            "r = harness.run(sizes=[4096], keys=['composite', 'ops'], modes=['fwd', 'grad'], min_time=0.01,"
+            " log=None)\n"
+            "bad = [x for x in r if not x['ms']]\n"
+            "assert not bad, bad\n"
+            "print(harness.table(r, ref_key='composite'))\n") % os.path.abspath(os.path.join(ROOT, "examples"))
+    res = _python(["-c", code], str(tmp_path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "ms_kldiv composite" in res.stdout and "ops.kl_div" in res.stdout
+    assert os.listdir(tmp_path) == []
