@@ -177,7 +177,9 @@ class AotBackend(Backend):
         path, reason = self.library(device)
         if reason:
             raise RuntimeError(f"For 'kl_div', backend 'aot' cannot run on {device}: {reason}.")
-        return AotKLDiv(path, device, reduction, log_target)
+        # The forward primitive itself is the op (its bprop is bound to the Cell, which it keeps alive):
+        # calling a primitive skips Cell.__call__, which matters for small PyNative calls.
+        return AotKLDiv(path, device, reduction, log_target).fwd
 
 
 register(AotBackend())

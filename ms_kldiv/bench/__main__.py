@@ -23,6 +23,9 @@ def main(argv=None):
     ap.add_argument("--list", action="store_true", help="list the row keys and exit")
     ap.add_argument("--no-torch", action="store_true", help="do not import torch (no torch row, no second OpenMP)")
     ap.add_argument("--min-time", type=float, default=0.25, help="seconds of repetitions per cell")
+    ap.add_argument("--stat", choices=("min", "median"), default="min",
+                    help="statistic shown (both are in the JSON); min is robust to other load on the machine")
+    ap.add_argument("--ref", default="aot", help="row the ratios are taken against")
     ap.add_argument("--json", default=None, help="write results as JSON here")
     ap.add_argument("--plot", default=None, help="write a PNG plot here (needs matplotlib)")
     args = ap.parse_args(argv)
@@ -46,16 +49,17 @@ def main(argv=None):
     keys = args.rows.split(",") if args.rows else None
     from ms_kldiv.backends import get as get_backend
     lib = get_backend("aot", "CPU").info("CPU")
-    meta = {"machine": platform.machine(), "cpus": os.cpu_count(), "python": sys.version.split()[0],
+    meta = {"load_average": os.getloadavg(), "machine": platform.machine(), "cpus": os.cpu_count(), "python": sys.version.split()[0],
             "mindspore": ms.__version__, "torch_loaded": "torch" in sys.modules, "aot_library": lib,
             "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     print(f"# ms_kldiv benchmark  ({meta['cpus']} CPUs, MindSpore {meta['mindspore']}, "
-          f"torch {'loaded' if meta['torch_loaded'] else 'not loaded'})\n# aot: {lib}")
+          f"torch {'loaded' if meta['torch_loaded'] else 'not loaded'}, load average "
+          f"{meta['load_average'][0]:.1f})\n# aot: {lib}")
     t0 = time.perf_counter()
     results = harness.run(sizes=[_size(s) for s in args.sizes.split(",")], dtypes=args.dtypes.split(","),
                           reductions=args.reductions.split(","), modes=args.modes.split(","), keys=keys,
                           min_time=args.min_time)
-    print(harness.table(results))
+    print(harness.table(results, ref_key=args.ref, stat="ms" if args.stat == "min" else "ms_median"))
     print(f"\n({time.perf_counter() - t0:.0f} s)")
     if args.json:
         harness.save_json(results, args.json, meta)
