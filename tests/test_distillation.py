@@ -360,3 +360,36 @@ def test_dynamic_batch_size(backend):
             np.testing.assert_allclose(gt.asnumpy(), et, rtol=2e-4, atol=4e-6)
     finally:
         ms.set_context(mode=old)
+
+
+def test_mindspore_train_model():
+    """mindspore.train.Model drives a Cell using DistillationLoss (GRAPH_MODE, no dataset sink)."""
+    import mindspore.dataset as ds
+    from mindspore.train import Model
+
+    old = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((64, 8)).astype(np.float32)
+        t = _logits(rng, (64, 4))
+
+        class Net(nn.Cell):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Dense(8, 4)
+                self.loss = DistillationLoss(2.0)
+
+            def construct(self, x, t):
+                return self.loss(self.fc(x), ops.stop_gradient(t))
+
+        net = Net()
+        before = float(net(ms.Tensor(x), ms.Tensor(t)).asnumpy())
+        data = ds.NumpySlicesDataset({"x": x, "t": t}, shuffle=False).batch(16)
+        Model(net, optimizer=nn.SGD(net.trainable_params(), 0.5)).train(20, data, dataset_sink_mode=False)
+        w, b = net.fc.weight.asnumpy(), net.fc.bias.asnumpy()
+        after = ref_loss(x @ w.T + b, t, 2.0, "batchmean")
+        np.testing.assert_allclose(net(ms.Tensor(x), ms.Tensor(t)).asnumpy(), after, rtol=1e-4)
+        assert after < 0.9 * before
+    finally:
+        ms.set_context(mode=old)

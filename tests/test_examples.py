@@ -43,7 +43,7 @@ def test_knowledge_distillation(tmp_path):
     teacher = number(r"teacher test accuracy: ([\d.]+)", out)
     plain = number(r"student test accuracy without distillation: ([\d.]+)", out)
     kd = number(r"student test accuracy with distillation: ([\d.]+)", out)
-    # Seeds 0-4 gave gains of +0.11 to +0.18 on 4000 test samples; 0.05 leaves room without losing the point.
+    # Seeds 0-4 gave gains of +0.11 to +0.20 on 4000 test samples; 0.05 leaves room without losing the point.
     assert kd > plain + 0.05, out
     assert teacher > plain, out
     assert "distillation_loss matches the written-out KLDivLoss form: True" in out
