@@ -40,84 +40,78 @@ from .base import Backend
 from .composite import CompositeKLDiv, pointwise_fns
 
 # ---------------------------------------------------------------------------------------------------------
-# Kernel sources. {F} is the compute dtype ('float32' or 'float64'); {Z} is {F}(0), the typed zero.
+# Kernel sources. {F} is the compute dtype ('float32' or 'float64'), {Z} is {F}(0), the typed zero; {I} is
+# the index tuple "i0, i1, ..." of one element and {G} the incoming gradient there.
 # No-mass tests are the header's: "t <= 0" (so a NaN target keeps its mass) and "t == -inf", written as
 # isinf(t) and t < 0 because the DSL has no infinite literal.
 
+MAX_RANK = 8
+
 _LOSS = {
-    False: "{Z} if t[i] <= {Z} else t[i] * (log(t[i]) - x[i])",
-    True: "({Z} if t[i] < {Z} else exp(t[i]) * (t[i] - x[i])) if isinf(t[i]) else exp(t[i]) * (t[i] - x[i])",
+    False: "{Z} if t[{I}] <= {Z} else t[{I}] * (log(t[{I}]) - x[{I}])",
+    True: "({Z} if t[{I}] < {Z} else exp(t[{I}]) * (t[{I}] - x[{I}])) if isinf(t[{I}]) "
+          "else exp(t[{I}]) * (t[{I}] - x[{I}])",
 }
-_GRAD_X = {
-    False: "{Z} if t[i] <= {Z} else -t[i] * {G}",
-    True: "({Z} if t[i] < {Z} else -exp(t[i]) * {G}) if isinf(t[i]) else -exp(t[i]) * {G}",
+_GRAD = {
+    ("x", False): "{Z} if t[{I}] <= {Z} else -t[{I}] * {G}",
+    ("x", True): "({Z} if t[{I}] < {Z} else -exp(t[{I}]) * {G}) if isinf(t[{I}]) else -exp(t[{I}]) * {G}",
+    ("t", False): "{Z} if t[{I}] <= {Z} else (log(t[{I}]) + {F}(1) - x[{I}]) * {G}",
+    ("t", True): "({Z} if t[{I}] < {Z} else exp(t[{I}]) * (t[{I}] - x[{I}] + {F}(1)) * {G}) if isinf(t[{I}]) "
+                 "else exp(t[{I}]) * (t[{I}] - x[{I}] + {F}(1)) * {G}",
 }
-_GRAD_T = {
-    False: "{Z} if t[i] <= {Z} else (log(t[i]) + {F}(1) - x[i]) * {G}",
-    True: "({Z} if t[i] < {Z} else exp(t[i]) * (t[i] - x[i] + {F}(1)) * {G}) if isinf(t[i]) "
-          "else exp(t[i]) * (t[i] - x[i] + {F}(1)) * {G}",
-}
-
-_FWD_NONE = """
-def {name}(x, t):
-    out = output_tensor(x.shape, x.dtype)
-    for i in range(x.shape[0]):
-        out[i] = {loss}
-    return out
-"""
-
-# Sums accumulate in float64 whatever the compute dtype (SPEC: a float32 sum of 32M terms within 1e-6).
-# The outer one-trip loop is load-bearing: without it AKG 2.10's CPU reduce-vectorizer keeps only one of
-# its 4 lanes (a sum of x over 12 elements returned x[3] + x[7] + x[11], measured); inside it, it is right.
-_FWD_SUM = """
-def {name}(x, t):
-    acc = output_tensor((1,), 'float64')
-    for j in range(1):
-        acc[j] = float64(0)
-        for i in range(x.shape[0]):
-            acc[j] = acc[j] + float64({loss})
-    return acc
-"""
-
-# g is the incoming gradient: elementwise ('none') or one scaled value shared by all elements (g[0]).
-# Both gradients come from one pass, stacked as rows of one output: MindSpore 2.10's CPU runtime returns
-# zeros for a hybrid kernel with two outputs (measured), a single (2, n) output works.
-_BWD = """
-def {name}(x, t, g):
-    d = output_tensor((2, x.shape[0]), x.dtype)
-    for i in range(x.shape[0]):
-        d[0, i] = {gx}
-        d[1, i] = {gt}
-    return d
-"""
 
 _KERNELS = {}
 _KERNELS_LOCK = threading.Lock()
 
 
-def _source(kind, log_target, dtype):
+def _loops(rank, depth, body):
+    lines = []
+    for d in range(rank):
+        lines.append("    " * (depth + d) + f"for i{d} in range(x.shape[{d}]):")
+    lines.append("    " * (depth + rank) + body)
+    return "\n".join(lines)
+
+
+def _source(kind, log_target, dtype, rank):
+    """Source of one kernel. kind: 'fwd_none' (loss), 'fwd_sum' (float64 sum of the loss), 'bwd<o>_<g>' with
+    o in {x, t} (gradient for input or target) and g in {none, scalar} (elementwise or one shared g[0]).
+
+    Kernels are written per rank (nested loops, no flattening) and each gradient is its own kernel: a
+    reshape, or an unstack of a two-row output, between these kernels and the broadcast adjoint loses
+    second-order gradients in MindSpore 2.10's PyNative (measured), and two-output hybrid kernels return
+    zeros on CPU (measured).
+    """
     space = "log" if log_target else "prob"
-    name = f"ms_kldiv_{kind}_{space}_{dtype}"
-    g = "g[i]" if kind == "bwd_none" else "g[0]"
-    fill = dict(F=dtype, Z=f"{dtype}(0)", G=g)
-    if kind.startswith("bwd"):
-        src = _BWD.format(name=name, gx=_GRAD_X[log_target].format(**fill), gt=_GRAD_T[log_target].format(**fill))
+    name = f"ms_kldiv_{kind}_{space}_{dtype}_r{rank}"
+    index = ", ".join(f"i{d}" for d in range(rank))
+    fill = dict(F=dtype, Z=f"{dtype}(0)", I=index, G=f"g[{index}]" if kind.endswith("_none") else "g[0]")
+    if kind == "fwd_none":
+        body = _loops(rank, 1, f"out[{index}] = " + _LOSS[log_target].format(**fill))
+        src = f"def {name}(x, t):\n    out = output_tensor(x.shape, x.dtype)\n{body}\n    return out\n"
+    elif kind == "fwd_sum":
+        # Sums accumulate in float64 whatever the compute dtype (SPEC: float32 sums of 32M terms within
+        # 1e-6). The outer one-trip loop is load-bearing: without it AKG 2.10's CPU reduce-vectorizer keeps
+        # one of its 4 lanes (a 12-element sum returned x[3] + x[7] + x[11], measured).
+        body = _loops(rank, 2, f"acc[j] = acc[j] + float64({_LOSS[log_target].format(**fill)})")
+        src = (f"def {name}(x, t):\n    acc = output_tensor((1,), 'float64')\n    for j in range(1):\n"
+               f"        acc[j] = float64(0)\n{body}\n    return acc\n")
     else:
-        template = _FWD_NONE if kind == "fwd_none" else _FWD_SUM
-        src = template.format(name=name, loss=_LOSS[log_target].format(**fill))
-    return name, src.lstrip("\n")
+        which = kind[3]
+        body = _loops(rank, 1, f"d[{index}] = " + _GRAD[(which, log_target)].format(**fill))
+        src = f"def {name}(x, t, g):\n    d = output_tensor(x.shape, x.dtype)\n{body}\n    return d\n"
+    return name, src
 
 
-def _kernel_fn(kind, log_target, dtype):
+def _kernel_fn(kind, log_target, dtype, rank):
     """The @kernel function for one variant, defined from generated source.
 
     ``ops.Custom`` reads a hybrid function's text with ``inspect.getsource``; registering the generated text
     in ``linecache`` under a pseudo file name makes that work without writing a file anywhere.
     """
-    key = (kind, log_target, dtype)
+    key = (kind, log_target, dtype, rank)
     with _KERNELS_LOCK:
         if key not in _KERNELS:
-            name, src = _source(kind, log_target, dtype)
+            name, src = _source(kind, log_target, dtype, rank)
             filename = f"<ms_kldiv-akg-{name}>"
             linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
             namespace = {}
@@ -196,8 +190,18 @@ def _same(a, *_):
     return a
 
 
-def _stacked_shape(x, *_):
-    return (2,) + tuple(x)
+def _one(*_):
+    return (1,)
+
+
+def _f64(*_):
+    return mstype.TensorType(ms.float64)
+
+
+def _masked_zeros(v):
+    # Zeros shaped like v as plain ops (ops.zeros_like inside a bprop breaks grad-of-jit in MindSpore 2.10);
+    # the condition is false for every value, NaN included.
+    return ops.where(ops.logical_and(v == v, v != v), v, 0.0)
 
 
 def _second_prob(x, t):
@@ -215,85 +219,104 @@ def _second_log(x, t):
     return -e, -e, ops.where(mass, e * (ts - xs + 2), 0.0)
 
 
-class _SecondOrder:
-    """bprop of the backward kernel (x, t, g) -> (dx, dt) = (px * g, pt * g), in plain ops, so that the
-    first-order gradient is itself differentiable. (px, pt) = grads(x, t) are the pointwise gradients;
-    for upstream (ax, at):
+def _second_order_bprop(which, log_target, scalar_g):
+    """bprop of a backward kernel (x, t, g) -> px * g ('x') or pt * g ('t'), in plain ops, so that the
+    first-order gradient is itself differentiable. (px, pt) = grads(x, t) are the pointwise gradients
+    (composite's). For the upstream gradient a:
 
-        d/dx = at * d(pt)/dx * g                        d(pt)/dx = -1 (prob), -exp(t) (log)
-        d/dt = (ax * d(px)/dt + at * d(pt)/dt) * g      d(px)/dt = -1 | -exp(t);  d(pt)/dt = 1/t | exp(t)(t-x+2)
-        d/dg = ax * px + at * pt                        summed to one element when g is the reduced gradient
+        'x':  d/dx = 0                  d/dt = a * d(px)/dt * g                  d/dg = a * px
+        't':  d/dx = a * d(pt)/dx * g   d/dt = a * d(pt)/dt * g                  d/dg = a * pt
+        d(px)/dt = d(pt)/dx = -1 (prob), -exp(t) (log);  d(pt)/dt = 1/t (prob), exp(t)(t - x + 2) (log)
 
-    with every term 0 where the target has no mass. The helpers are picked here, not by an `if` inside the
-    bprop: MindSpore 2.10 breaks grad-of-jit on constant `if`s in helpers called from a bprop.
+    every term 0 where the target has no mass; d/dg summed to one element when g is the reduced gradient.
+    Closures over functions picked here, not methods with `if`s: MindSpore 2.10 breaks grad-of-jit on
+    constant `if`s in helpers called from a bprop, and graph mode resolves closures.
     """
+    _, grads_fn = pointwise_fns(log_target)
+    second_fn = _second_log if log_target else _second_prob
+    # A primitive instance, not ops.sum: that builds its primitive through a cached helper that
+    # grad-of-jit cannot differentiate inside a bprop ("func graph is empty").
+    sum_keep = ops.ReduceSum(keep_dims=False)
+    reshape = ops.Reshape()
 
-    def __init__(self, log_target):
-        _, self.grads_fn = pointwise_fns(log_target)
-        self.second_fn = _second_log if log_target else _second_prob
+    def to_g(v, g):
+        return reshape(sum_keep(v), (1,)) if scalar_g else v
 
-    def bprop_full(self, x, t, g, out, dout):
-        ax, at = dout[0], dout[1]
-        dpt_dx, dpx_dt, dpt_dt = self.second_fn(x, t)
-        px, pt = self.grads_fn(x, t)
-        return at * dpt_dx * g, (ax * dpx_dt + at * dpt_dt) * g, ax * px + at * pt
+    def bprop_x(x, t, g, out, dout):
+        cross, _, _ = second_fn(x, t)
+        px, _ = grads_fn(x, t)
+        return _masked_zeros(x), dout * cross * g, to_g(dout * px, g)
 
-    def bprop_scalar(self, x, t, g, out, dout):
-        ax, at = dout[0], dout[1]
-        dpt_dx, dpx_dt, dpt_dt = self.second_fn(x, t)
-        px, pt = self.grads_fn(x, t)
-        return at * dpt_dx * g, (ax * dpx_dt + at * dpt_dt) * g, ops.reshape(ops.sum(ax * px + at * pt), (1,))
+    def bprop_t(x, t, g, out, dout):
+        cross, _, dpt_dt = second_fn(x, t)
+        _, pt = grads_fn(x, t)
+        return dout * cross * g, dout * dpt_dt * g, to_g(dout * pt, g)
 
-
-def _make_kernels(summed, log_target, dtype):
-    name = "float64" if dtype == ms.float64 else "float32"
-    if summed:
-        fwd = ops.Custom(_kernel_fn("fwd_sum", log_target, name), out_shape=lambda x, t: (1,),
-                         out_dtype=lambda x, t: mstype.TensorType(ms.float64), func_type="hybrid")
-    else:
-        fwd = ops.Custom(_kernel_fn("fwd_none", log_target, name), out_shape=_same, out_dtype=_same,
-                         func_type="hybrid")
-    second = _SecondOrder(log_target)
-    kind = "bwd_scalar" if summed else "bwd_none"
-    bwd = ops.Custom(_kernel_fn(kind, log_target, name), out_shape=_stacked_shape, out_dtype=_same,
-                     func_type="hybrid", bprop=second.bprop_scalar if summed else second.bprop_full)
-    return fwd, bwd
+    return bprop_x if which == "x" else bprop_t
 
 
 class _AkgCore(nn.Cell):
-    """Flat same-length x, t in the compute dtype -> loss ('none') or its float64 sum, shape (1,)."""
+    """Same-shaped x, t (rank 1..MAX_RANK) in one compute dtype -> loss ('none') or its float64 sum, (1,).
+
+    The backward kernels exist per rank, picked by the (compile-time constant) rank of the operands.
+    """
 
     def __init__(self, summed, log_target, dtype):
         super().__init__()
-        _spawn_compiler_in_cache_dir()
-        self.fwd, self.bwd = _make_kernels(summed, log_target, dtype)
+        name = "float64" if dtype == ms.float64 else "float32"
+        g_kind = "scalar" if summed else "none"
+        # The forward kernels run on flattened operands (a reduction over several loop levels fails to
+        # compile in AKG 2.10: "variable has already been defined, the Stmt is not SSA"); this Cell's own
+        # bprop means autodiff never sees these reshapes.
+        if summed:
+            self.fwd = ops.Custom(_kernel_fn("fwd_sum", log_target, name, 1), out_shape=_one, out_dtype=_f64,
+                                  func_type="hybrid")
+        else:
+            self.fwd = ops.Custom(_kernel_fn("fwd_none", log_target, name, 1), out_shape=_same,
+                                  out_dtype=_same, func_type="hybrid")
+        self.summed = summed
+        self.reshape = ops.Reshape()
+        bwd_x, bwd_t = [], []
+        for rank in range(1, MAX_RANK + 1):
+            bwd_x.append(ops.Custom(_kernel_fn(f"bwdx_{g_kind}", log_target, name, rank), out_shape=_same,
+                                    out_dtype=_same, func_type="hybrid",
+                                    bprop=_second_order_bprop("x", log_target, summed)))
+            bwd_t.append(ops.Custom(_kernel_fn(f"bwdt_{g_kind}", log_target, name, rank), out_shape=_same,
+                                    out_dtype=_same, func_type="hybrid",
+                                    bprop=_second_order_bprop("t", log_target, summed)))
+        self.bwd_x = tuple(bwd_x)
+        self.bwd_t = tuple(bwd_t)
 
     def construct(self, x, t):
-        return self.fwd(x, t)
+        out = self.fwd(self.reshape(x, (-1,)), self.reshape(t, (-1,)))
+        if self.summed:
+            return out
+        return self.reshape(out, x.shape)
 
     def bprop(self, x, t, out, dout):
-        d = self.bwd(x, t, ops.cast(dout, x.dtype))
-        return d[0], d[1]
+        g = ops.cast(dout, x.dtype)
+        return self.bwd_x[x.ndim - 1](x, t, g), self.bwd_t[x.ndim - 1](x, t, g)
 
 
 @constexpr
 def _use_fallback(x_shape, t_shape):
     dims = tuple(x_shape) + tuple(t_shape)
-    return any(d is None or d <= 0 for d in dims)
+    return any(d is None or d <= 0 for d in dims) or max(len(x_shape), len(t_shape)) > MAX_RANK
 
 
 class AkgKLDiv(nn.Cell):
-    """The 'akg' op: broadcast, widen half types, flatten, AKG core, reduce scale, cast back."""
+    """The 'akg' op: widen half types, broadcast, AKG core, reduce scale, cast back."""
 
     def __init__(self, reduction, log_target):
         super().__init__()
+        _spawn_compiler_in_cache_dir()
         self.reduction = reduction
         summed = reduction != "none"
         # One core per compute dtype; the dtype is a compile-time constant, so only one is ever traced.
         self.core32 = _AkgCore(summed, log_target, ms.float32)
         self.core64 = _AkgCore(summed, log_target, ms.float64)
-        # Empty tensors (AKG cannot compile a zero-length loop) and dynamic shapes (AKG compiles per static
-        # shape) take the composite path, which defines both.
+        # Empty tensors (AKG cannot compile a zero-trip loop), dynamic shapes (AKG compiles per static shape)
+        # and ranks above MAX_RANK take the composite path.
         self.fallback = CompositeKLDiv(reduction, log_target)
 
     def construct(self, x, t):
@@ -302,21 +325,28 @@ class AkgKLDiv(nn.Cell):
         shape = kldiv_broadcast_shape(ops.shape(x), ops.shape(t))
         dtype = x.dtype
         batch = x.shape[0] if x.ndim else 1  # 'batchmean' divides by input's first dim, not the broadcast one
-        if x.shape != shape:
-            x = ops.broadcast_to(x, shape)
-        if t.shape != shape:
-            t = ops.broadcast_to(t, shape)
+        # Widen before broadcasting: MindSpore's CPU BroadcastTo (and the ReduceSum of its adjoint) has no
+        # bfloat16 kernel.
         if dtype in HALF_DTYPES:
             x = ops.cast(x, ms.float32)
             t = ops.cast(t, ms.float32)
-        xf = ops.reshape(x, (-1,))
-        tf = ops.reshape(t, (-1,))
-        if dtype == ms.float64:
-            out = self.core64(xf, tf)
+        if not shape:
+            # Both 0-d: the kernels need a loop. (No broadcast is involved, so this reshape is harmless.)
+            x = ops.reshape(x, (1,))
+            t = ops.reshape(t, (1,))
         else:
-            out = self.core32(xf, tf)
+            if x.shape != shape:
+                x = ops.broadcast_to(x, shape)
+            if t.shape != shape:
+                t = ops.broadcast_to(t, shape)
+        if dtype == ms.float64:
+            out = self.core64(x, t)
+        else:
+            out = self.core32(x, t)
         if self.reduction == "none":
-            return ops.cast(ops.reshape(out, shape), dtype)
+            if not shape:
+                out = ops.reshape(out, ())
+            return ops.cast(out, dtype)
         out = ops.reshape(out, ())
         if self.reduction == "mean":
             out = out / ops.size(x)
