@@ -57,7 +57,10 @@ def _check_args(student_logits, teacher_logits, temperature, reduction, name):
         if value.ndim < 1:
             raise ValueError(f"For '{name}', '{arg_name}' must have at least 1 dimension (the classes on the "
                              f"last axis), but got a 0-d Tensor.")
-    _check_broadcast(ops.shape(student_logits), ops.shape(teacher_logits), name)
+    shape_s, shape_t = ops.shape(student_logits), ops.shape(teacher_logits)
+    # A dynamic shape is no compile-time constant: a constexpr would only warn and skip; the kernels check it.
+    if not (ops.is_sequence_value_unknown(shape_s) or ops.is_sequence_value_unknown(shape_t)):
+        _check_broadcast(shape_s, shape_t, name)
     return _validation.promote(student_logits.dtype, teacher_logits.dtype)
 
 
