@@ -281,3 +281,77 @@ def test_model_is_deterministic_and_core_count_only_changes_rounding(tiling):
     assert a == b
     expected = float(ref.kl_div(x, t, "sum", False))
     assert abs(float(c) - expected) <= 1e-6 * abs(expected)
+
+
+# ------------------------------------------------------------------ the kernel sources, executed on the CPU
+# op_kernel/*.cpp compiled with g++ against a CPU stand-in of the AscendC API (custom_ops/ascend/tests/
+# ascendc_sim): one thread per vector core, SyncAll a barrier, UB allocations, DataCopy alignment and
+# CompareScalar repeat sizes checked. This runs the real kernel code paths (core split, queues, tails,
+# masks, fused reduction with the workspace and the final pass); only the API underneath is simulated.
+@pytest.fixture(scope="module", params=["float32", "float16", "bfloat16"])
+def sim(request):
+    return model.KernelSimulator(request.param)
+
+
+@pytest.mark.parametrize("log_target", [False, True])
+@pytest.mark.parametrize("n, cores", [(1, 40), (65, 40), (4096 + 17, 40), (70_001, 40), (70_001, 48), (9000, 1)])
+def test_kernel_source_forward(tiling, sim, log_target, n, cores):
+    dtype = sim.dtype
+    x, t = _data(n, log_target, seed=n + cores, special=True)
+    xq, tq = model.quantize(x, dtype), model.quantize(t, dtype)
+    for reduction in ("none", "sum", "mean", "batchmean"):
+        got = sim.forward(xq, tq, reduction, log_target, cores=cores)
+        replay = model.forward(tiling, xq, tq, reduction, log_target, dtype, cores=cores)
+        expected = ref.kl_div(xq, tq, reduction, log_target)
+        what = f"{dtype} {reduction} n={n} cores={cores}"
+        if reduction == "none":
+            if dtype != "float32":
+                expected = model.quantize(expected.astype(np.float32), dtype)
+            _check(got, expected, dtype, what, _terms(xq, tq, log_target))
+            _check(got, replay, dtype, what + " vs replay", _terms(xq, tq, log_target))
+        else:
+            assert got.shape == ()
+            mag = np.nansum(_terms(xq, tq, log_target)) * ref.reduction_scale(reduction, xq.shape, xq.shape)
+            _check(got, expected, dtype, what, mag)
+            # Same operations in the same order as the replay: equal up to libm-vs-NumPy log/exp rounding.
+            _check(got, replay, dtype, what + " vs replay", mag * 1e-3)
+
+
+@pytest.mark.parametrize("log_target", [False, True])
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean", "batchmean"])
+def test_kernel_source_backward(sim, log_target, reduction):
+    dtype = sim.dtype
+    x, t = _data(7 * 1441, log_target, seed=21, special=True)      # 10087 elements: 3 cores, ragged tail
+    x, t = x.reshape(-1, 7), t.reshape(-1, 7)
+    xq, tq = model.quantize(x, dtype), model.quantize(t, dtype)
+    rng = np.random.default_rng(8)
+    dout = model.quantize(rng.standard_normal(x.shape) if reduction == "none" else rng.standard_normal(()), dtype)
+    dx, dt = sim.backward(xq, tq, dout, reduction, log_target)
+    ex, et = ref.kl_div_grads(xq, tq, reduction, log_target, dout=dout)
+    mag = _terms(xq, tq, log_target) * np.abs(dout) * ref.reduction_scale(reduction, x.shape, x.shape)
+    for got, exp, name in ((dx, ex, "dx"), (dt, et, "dt")):
+        if dtype != "float32":
+            exp = model.quantize(exp.astype(np.float32), dtype)
+        _check(got, exp, dtype, f"{dtype} {reduction} {name}", mag)
+
+
+def test_kernel_ub_footprint_matches_the_plan(tiling, sim):
+    """The InitBuffer calls of the kernels stay within what the tiling budgeted (and the budget is tight)."""
+    io = IO[sim.dtype]
+    n = 1 << 20
+    x, t = _data(n, False, seed=1)
+    for mode, run in ((model.FORWARD_NONE, lambda: sim.forward(x, t, "none", False)),
+                      (model.FORWARD_REDUCE, lambda: sim.forward(x, t, "sum", False)),
+                      (model.BACKWARD_NONE, lambda: sim.backward(x, t, np.ones(n, np.float32), "none", False)),
+                      (model.BACKWARD_REDUCE, lambda: sim.backward(x, t, np.float32(1), "mean", False))):
+        run()
+        plan = tiling.plan(n, io, mode)
+        used = sim.max_ub_used()
+        assert used <= plan["ub_bytes_used"] <= model.ASCEND910B_UB, (mode, used, plan)
+        assert used >= plan["ub_bytes_used"] - tiling.const["ub_reserve_bytes"] - 1024, (mode, used, plan)
+
+
+def test_kernel_reduction_is_deterministic(sim):
+    x, t = _data(300_000, False, seed=2)
+    a = sim.forward(x, t, "sum", False)
+    assert all(sim.forward(x, t, "sum", False) == a for _ in range(3))

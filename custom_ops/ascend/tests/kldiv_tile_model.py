@@ -275,3 +275,104 @@ def backward(tiling, x, t, dout, reduction, log_target, dtype="float32", cores=A
             dx[off:off + valid] = quantize(w1[:valid], dtype)
             dt[off:off + valid] = quantize(w2[:valid], dtype)
     return dx.reshape(shape), dt.reshape(shape)
+
+
+# ------------------------------------------------------------------------- the kernel sources on the CPU
+SIM_DIR = os.path.join(HERE, "ascendc_sim")
+_SIM_DEPS = [os.path.join(SIM_DIR, f) for f in ("sim_driver.cpp", "kernel_operator.h", "register/tilingdata_base.h")] \
+    + [os.path.join(HERE, "..", "op_kernel", f) for f in ("kl_div_custom.cpp", "kl_div_custom_grad.cpp",
+                                                          "kl_div_common.h", "kl_div_tiling_plan.h")] \
+    + [os.path.join(HERE, "..", "op_host", "kl_div_custom_tiling.h")]
+_SIM_TYPES = {"float32": ("float", np.float32), "float16": ("half", np.float16), "bfloat16": ("bfloat16_t", np.uint16)}
+
+
+def build_simulator(dtype):
+    """Compile op_kernel/*.cpp against the AscendC CPU stand-in (tests/ascendc_sim) for one IO dtype."""
+    cxx = compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler (g++ or $CXX) on PATH")
+    digest = hashlib.sha1(dtype.encode())
+    for path in _SIM_DEPS:
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    out = os.path.join(_cache_dir(), f"kldiv_ascendc_sim_{dtype}-{digest.hexdigest()[:12]}.so")
+    if not os.path.exists(out):
+        tmp = out + f".{os.getpid()}.tmp"
+        cmd = [cxx, "-std=c++20", "-O2", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-I", SIM_DIR,
+               f"-DDTYPE_X={_SIM_TYPES[dtype][0]}", os.path.join(SIM_DIR, "sim_driver.cpp"), "-o", tmp, "-pthread"]
+        res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if res.returncode:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{res.stderr}")
+        os.replace(tmp, out)
+    return out
+
+
+def _to_io(a, dtype):
+    """Host buffer in the kernel's IO layout (bfloat16 as its 16 bits)."""
+    q = quantize(a, dtype)
+    if dtype == "bfloat16":
+        return np.ascontiguousarray((q.view(np.uint32) >> np.uint32(16)).astype(np.uint16))
+    return np.ascontiguousarray(q.astype(_SIM_TYPES[dtype][1]))
+
+
+def _from_io(buf, dtype):
+    if dtype == "bfloat16":
+        return (buf.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    return buf.astype(np.float32)
+
+
+class KernelSimulator:
+    """KlDivCustom / KlDivCustomGrad, the kernel source itself, executed by the CPU stand-in of AscendC."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+        lib = ctypes.CDLL(build_simulator(dtype))
+        p, u32, u64 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64
+        lib.kldiv_sim_forward.argtypes = [p, p, p, u64, u64, u32, ctypes.c_int, u32]
+        lib.kldiv_sim_forward.restype = ctypes.c_int
+        lib.kldiv_sim_backward.argtypes = [p, p, p, p, p, u64, u64, u32, ctypes.c_int, u32]
+        lib.kldiv_sim_backward.restype = ctypes.c_int
+        lib.kldiv_sim_max_ub_used.restype = u32
+        lib.kldiv_sim_error.restype = ctypes.c_char_p
+        self.lib = lib
+
+    def _check_rc(self, rc):
+        if rc == 1:
+            raise RuntimeError("the tiling refused the launch")
+        if rc:
+            raise RuntimeError(f"AscendC constraint violated: {self.lib.kldiv_sim_error().decode()}")
+
+    @staticmethod
+    def _ptr(a):
+        return a.ctypes.data_as(ctypes.c_void_p)
+
+    def max_ub_used(self):
+        return int(self.lib.kldiv_sim_max_ub_used())
+
+    def forward(self, x, t, reduction, log_target, cores=ASCEND910B_AIV):
+        x = np.asarray(x, np.float32)
+        shape = x.shape
+        xb, tb = _to_io(x, self.dtype).reshape(-1), _to_io(t, self.dtype).reshape(-1)
+        n = xb.size
+        y = np.full(n if reduction == "none" else 1, 0xFFFF, np.uint16).view(xb.dtype) if xb.itemsize == 2 \
+            else np.full(n if reduction == "none" else 1, np.nan, np.float32)  # NaN: unwritten elements show
+        first = shape[0] if shape else 1
+        rc = self.lib.kldiv_sim_forward(self._ptr(xb), self._ptr(tb), self._ptr(y), n, first,
+                                        REDUCTION_CODES[reduction], int(log_target), cores)
+        self._check_rc(rc)
+        out = _from_io(y, self.dtype)
+        return out.reshape(shape) if reduction == "none" else out.reshape(())
+
+    def backward(self, x, t, dout, reduction, log_target, cores=ASCEND910B_AIV):
+        x = np.asarray(x, np.float32)
+        shape = x.shape
+        xb, tb = _to_io(x, self.dtype).reshape(-1), _to_io(t, self.dtype).reshape(-1)
+        gb = _to_io(dout, self.dtype).reshape(-1)
+        n = xb.size
+        dx = np.full(n, 0xFF, np.uint8).repeat(xb.itemsize).view(xb.dtype)
+        dt = dx.copy()
+        first = shape[0] if shape else 1
+        rc = self.lib.kldiv_sim_backward(self._ptr(xb), self._ptr(tb), self._ptr(gb), self._ptr(dx), self._ptr(dt),
+                                         n, first, REDUCTION_CODES[reduction], int(log_target), cores)
+        self._check_rc(rc)
+        return _from_io(dx, self.dtype).reshape(shape), _from_io(dt, self.dtype).reshape(shape)
