@@ -4,8 +4,8 @@ Without an Ascend device, everything except the kernels themselves runs here:
   * registration and availability reporting on CPU (nothing Ascend is touched) and with a fake installed
     custom-op package on disk;
   * the Python layer of both ops (routing, broadcasting, scaling, dtype handling, first- and second-order
-    gradients) in PyNative, GRAPH_MODE and under ms.jit, with the AscendC kernels replaced by pyfunc
-    Custom ops that run the NumPy replay of the kernels (custom_ops/ascend/tests/kldiv_tile_model.py), and
+    gradients) in PyNative, GRAPH_MODE and under ms.jit, with the AscendC kernels run as pyfunc Custom ops:
+    the kernel sources compiled for the CPU stand-in of AscendC (custom_ops/ascend/tests/ascendc_sim), and
     aclnnKlDiv replaced by PyTorch's convention (NaN for negative targets) written in MindSpore ops;
   * the real operators, only on an Ascend device with the package installed (skipped otherwise, saying why).
 """
@@ -135,28 +135,31 @@ class _Bound(nn.Cell):
         return self.op(*args)
 
 
-class ModelKernels:
-    """The AscendCKernels contract, computed by the NumPy replay of the kernels (CPU, pyfunc Custom ops)."""
+class SimulatedKernels:
+    """The AscendCKernels contract, computed by the kernel sources themselves (op_kernel/*.cpp run on the
+    CPU stand-in of AscendC, see kldiv_tile_model.KernelSimulator), wrapped in pyfunc Custom ops."""
 
     def __init__(self, cores=40):
-        self.tiling = model.Tiling()
+        self.sims = {}
         self.cores = cores
 
-    def forward(self, reduction, log_target):
-        tiling, cores = self.tiling, self.cores
+    def _sim(self, np_dtype):
+        name = _NP_DTYPE[np.dtype(np_dtype)]
+        if name not in self.sims:
+            self.sims[name] = model.KernelSimulator(name)
+        return self.sims[name]
 
+    def forward(self, reduction, log_target):
         def kernel(x, t):
-            y = model.forward(tiling, x, t, reduction, log_target, _NP_DTYPE[x.dtype], cores=cores)
+            y = self._sim(x.dtype).forward(x, t, reduction, log_target, cores=self.cores)
             return np.asarray(y, x.dtype)
 
         out_shape = (lambda x, t: x) if reduction == "none" else (lambda x, t: [])
         return _Bound(ops.Custom(kernel, out_shape=out_shape, out_dtype=lambda x, t: x, func_type="pyfunc"))
 
     def backward(self, reduction, log_target):
-        tiling, cores = self.tiling, self.cores
-
         def kernel(x, t, g):
-            dx, dt = model.backward(tiling, x, t, g, reduction, log_target, _NP_DTYPE[x.dtype], cores=cores)
+            dx, dt = self._sim(x.dtype).backward(x, t, g, reduction, log_target, cores=self.cores)
             return np.asarray(dx, x.dtype), np.asarray(dt, t.dtype)
 
         return _Bound(ops.Custom(kernel, out_shape=lambda x, t, g: (x, t), out_dtype=lambda x, t, g: (x, t),
@@ -205,7 +208,7 @@ _KERNEL_SINGLETON = []
 
 def _KERNELS():
     if not _KERNEL_SINGLETON:
-        _KERNEL_SINGLETON.append(ModelKernels())
+        _KERNEL_SINGLETON.append(SimulatedKernels())
     return _KERNEL_SINGLETON[0]
 
 

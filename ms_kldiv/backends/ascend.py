@@ -105,6 +105,10 @@ def _first_dtype(x, *_):
     return x
 
 
+def _grad_shapes(x, t, *_):  # also the dtypes: (dx like x, dtarget like target)
+    return x, t
+
+
 def _reg_info(name, inputs, outputs):
     from mindspore.ops import CustomRegOp, DataType
     reg = CustomRegOp(name)
@@ -142,7 +146,7 @@ class _KernelBackward(nn.Cell):
         super().__init__()
         self.reduction = reduction
         self.log_target = log_target
-        self.op = ops.Custom(GRAD_OP_NAME, out_shape=lambda x, t, g: (x, t), out_dtype=lambda x, t, g: (x, t),
+        self.op = ops.Custom(GRAD_OP_NAME, out_shape=_grad_shapes, out_dtype=_grad_shapes,
                              func_type="aot",
                              reg_info=_reg_info(GRAD_OP_NAME, ("x", "target", "dout"), ("dx", "dtarget")))
 
