@@ -1,0 +1,100 @@
+"""The CUDA library compiles with nvcc and exports exactly the ABI of custom_ops/common/kldiv_abi.h.
+
+No GPU is needed: this compiles custom_ops/gpu/*.cu for one architecture (all of them would take minutes on
+CI's two cores; the full list is ms_kldiv._build.NVCC_FLAGS) and reads the dynamic symbol table. Running
+the kernels is tests/gpu/'s job. Skips only when nvcc is absent.
+"""
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from ms_kldiv import _build
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SRC = os.path.join(ROOT, "custom_ops")
+NVCC = _build._nvcc() if hasattr(_build, "_nvcc") else shutil.which("nvcc")
+pytestmark = pytest.mark.skipif(not NVCC, reason="nvcc not found (set NVCC or CUDA_HOME)")
+# One architecture every nvcc from 11.0 to 13.x accepts.
+TEST_ARCH = "80"
+
+
+def abi_symbols():
+    """The exported names the ABI header defines, from its X-macro (so a new variant needs no edit here)."""
+    with open(os.path.join(SRC, "common", "kldiv_abi.h"), encoding="utf-8") as f:
+        text = f.read()
+    variants = re.findall(r"X\((\w+),\s*(\w+),\s*\d+,\s*(?:true|false)\)", text)
+    assert len(variants) == 8, variants
+    names = {"KLDivLibInfo"}
+    for red, space in variants:
+        for kind in ("Fwd", "Bwd"):
+            fn = f"KLDiv{kind}{red}{space}"
+            names |= {fn, fn + "InferShape"}
+    return names
+
+
+def nvcc_flags_one_arch():
+    """The build's own flags with its -gencode list replaced by one architecture."""
+    flags = [f for f in _build.NVCC_FLAGS if not f.startswith("-gencode")]
+    return flags + [f"-gencode=arch=compute_{TEST_ARCH},code=sm_{TEST_ARCH}"]
+
+
+@pytest.fixture(scope="module")
+def cuda_lib(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cuda") / "libkldiv_cuda.so"
+    cus = sorted(os.path.join(SRC, "gpu", f) for f in os.listdir(os.path.join(SRC, "gpu")) if f.endswith(".cu"))
+    assert cus, "no CUDA sources in custom_ops/gpu"
+    cmd = [NVCC, *nvcc_flags_one_arch(), "-I", os.path.join(SRC, "common"), "-I", os.path.join(SRC, "gpu"),
+           *cus, "-o", str(out)]
+    proc = subprocess.run(cmd, cwd=str(out.parent), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"nvcc failed:\n{' '.join(cmd)}\n{proc.stderr[-4000:]}"
+    # nvcc warnings are errors-in-waiting for other toolkits: keep the build clean.
+    assert "warning" not in proc.stderr.lower(), proc.stderr[-4000:]
+    return str(out)
+
+
+def dynamic_symbols(lib, defined=True):
+    nm = shutil.which("nm")
+    if not nm:
+        pytest.skip("nm not found")
+    flag = "--defined-only" if defined else "--undefined-only"
+    out = subprocess.run([nm, "-D", flag, lib], capture_output=True, text=True, check=True).stdout
+    return {line.split()[-1] for line in out.splitlines() if line.strip()}
+
+
+def test_exports_exactly_the_abi(cuda_lib):
+    exported = {s for s in dynamic_symbols(cuda_lib) if s.startswith("KLDiv")}
+    expected = abi_symbols()
+    assert exported == expected, (f"missing: {sorted(expected - exported)}; "
+                                  f"unexpected: {sorted(exported - expected)}")
+
+
+def test_nothing_else_leaks(cuda_lib):
+    """-fvisibility=hidden: only the ABI is exported (none of our kernels, templates or cudart). libstdc++'s
+    own inline instantiations (std::vector for the InferShape returns) keep the default visibility its
+    headers give them; they are weak and harmless."""
+    exported = dynamic_symbols(cuda_lib)
+    std = ("_ZNSt", "_ZSt", "_ZNKSt")
+    leaked = sorted(s for s in exported if not s.startswith("KLDiv") and not s.startswith(std)
+                    and s not in ("_init", "_fini", "_edata", "_end", "__bss_start"))
+    assert not leaked, leaked[:20]
+
+
+def test_runtime_is_static(cuda_lib):
+    """cudart is linked statically (nvcc's default): the library needs only the driver at run time, not the
+    toolkit's libcudart.so of the build machine."""
+    undefined = dynamic_symbols(cuda_lib, defined=False)
+    assert not any(s.startswith("cudaMalloc") or s.startswith("cudaLaunch") for s in undefined), \
+        sorted(s for s in undefined if s.startswith("cuda"))[:10]
+
+
+def test_build_arch_list_is_supported_by_this_nvcc():
+    """Every -gencode in the real build must be accepted by the nvcc found here (CUDA 13 dropped sm_70)."""
+    help_text = subprocess.run([NVCC, "--list-gpu-arch"], capture_output=True, text=True).stdout
+    supported = set(re.findall(r"compute_(\d+)", help_text))
+    if not supported:
+        pytest.skip("this nvcc cannot list its architectures")
+    wanted = set(re.findall(r"arch=compute_(\d+)", " ".join(_build.NVCC_FLAGS)))
+    assert wanted <= supported, f"nvcc here lacks compute_{sorted(wanted - supported)}; supported: {sorted(supported)}"
