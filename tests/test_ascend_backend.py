@@ -365,6 +365,16 @@ def test_broadcast_gradients_summed_back(kind, mode, shapes):
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("mode", WIRING_MODES)
+def test_broadcast_half_sums_back_in_float32(kind, mode):
+    """A float16 target broadcast over 512 rows: its gradient is a 512-term sum, done in float32."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((512, 24)) - 1.0
+    t = _probs((24,), rng, True)
+    _check_case(kind, mode, x, t, True, F16)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("mode", WIRING_MODES)
 @pytest.mark.parametrize("log_target", [False, True])
 def test_zero_mass_and_nan(kind, mode, log_target):
     """Zero-mass lanes are exactly 0 even where the 'native' value function would give NaN (t < 0, t = 0

@@ -274,15 +274,24 @@ class AotKLDiv(nn.Cell):
         # Dynamic dims (None) cannot go through the kernels' Python shape inference.
         if x.dtype == ms.float64 or None in shape or 0 in shape:
             return self.fallback(x, t)
+        dtype = x.dtype
         batch = x.shape[0] if x.ndim else 1
         broadcast_x = x.shape != shape
+        broadcast_t = t.shape != shape
+        if dtype in HALF_DTYPES and (broadcast_x or broadcast_t):
+            # The gradient of a broadcast is a sum over the broadcast dims (BroadcastTo's bprop): widen first
+            # so that sum runs in float32, as the SPEC asks for half types.
+            x = ops.cast(x, ms.float32)
+            t = ops.cast(t, ms.float32)
         if broadcast_x:
             x = ops.broadcast_to(x, shape)
-        if t.shape != shape:
+        if broadcast_t:
             t = ops.broadcast_to(t, shape)
         if self.reduction == "batchmean" and (broadcast_x or not shape):
-            return self.core_sum(x, t) / batch
-        return self.core(x, t)
+            out = self.core_sum(x, t) / batch
+        else:
+            out = self.core(x, t)
+        return ops.cast(out, dtype)
 
 
 # ------------------------------------------------------------------------------------- native (aclnn)
@@ -351,14 +360,15 @@ class NativeKLDiv(nn.Cell):
         if dtype == ms.float64 or None in shape or 0 in shape:
             return self.fallback(x, t)
         batch = x.shape[0] if x.ndim else 1
+        # Half types in float32, as the SPEC asks (aclnn's internal precision for them is not documented),
+        # and before broadcasting, so the broadcast gradients are summed back in float32 too.
+        if dtype in HALF_DTYPES:
+            x = ops.cast(x, ms.float32)
+            t = ops.cast(t, ms.float32)
         if x.shape != shape:
             x = ops.broadcast_to(x, shape)
         if t.shape != shape:
             t = ops.broadcast_to(t, shape)
-        # Half types in float32, as the SPEC asks; aclnn's internal precision for them is not documented.
-        if dtype in HALF_DTYPES:
-            x = ops.cast(x, ms.float32)
-            t = ops.cast(t, ms.float32)
         out = self.core(x, t)
         if self.reduction == "mean":
             out = out / x.size
