@@ -10,7 +10,10 @@ import sys
 import numpy as np
 import pytest
 
+import ms_kldiv
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(ms_kldiv.__file__)))
 SCRIPT = os.path.join(ROOT, "examples", "distributed_kd.py")
 STEPS = 8
 TIMEOUT_S = 240
@@ -26,7 +29,8 @@ def _env():
     env = dict(os.environ)
     # msrun starts its workers as plain `python`: put this interpreter first on PATH.
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    # The scripts must import the ms_kldiv under test (installed, or this checkout), not whichever comes first.
+    env["PYTHONPATH"] = PKG_PARENT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("GLOG_v", "3")  # MindSpore's INFO/WARNING chatter would bury a real failure in the logs
     return env
 

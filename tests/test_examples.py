@@ -9,7 +9,10 @@ import sys
 
 import pytest
 
+import ms_kldiv
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(ms_kldiv.__file__)))
 TIMEOUT_S = 300
 
 
@@ -17,7 +20,8 @@ def run_example(name, tmp_path, *args):
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    # The scripts must import the ms_kldiv under test (installed, or this checkout), not whichever comes first.
+    env["PYTHONPATH"] = PKG_PARENT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("GLOG_v", "3")
     proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "examples", name), *args], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
