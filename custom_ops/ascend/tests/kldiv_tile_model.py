@@ -45,6 +45,18 @@ def compiler():
     return shutil.which(os.environ.get("CXX", "g++"))
 
 
+def _prune(out):
+    """Drop cached builds of older sources (same name before the hash); they are never loaded again."""
+    stem = os.path.basename(out).rsplit("-", 1)[0]
+    for name in os.listdir(os.path.dirname(out)):
+        path = os.path.join(os.path.dirname(out), name)
+        if name.rsplit("-", 1)[0] == stem and path != out and not name.endswith(".tmp"):
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+
+
 def build(source, shared=True):
     """Compile ``source`` (+ the plan header, which is hashed too) into the cache; returns the output path."""
     cxx = compiler()
@@ -64,6 +76,7 @@ def build(source, shared=True):
         if res.returncode:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{res.stderr}")
         os.replace(tmp, out)
+        _prune(out)
     return out
 
 
@@ -304,6 +317,7 @@ def build_simulator(dtype):
         if res.returncode:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{res.stderr}")
         os.replace(tmp, out)
+        _prune(out)
     return out
 
 
