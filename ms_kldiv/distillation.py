@@ -114,10 +114,11 @@ def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction
               = T^2 \cdot \mathrm{KL}(q \,\|\, p)
         \end{aligned}
 
-    The :math:`T^2` factor keeps the gradient scale independent of :math:`T`, so the loss can be mixed with a
-    cross-entropy term without retuning the weight. Both log-distributions come from a numerically stable
-    ``log_softmax`` and are passed to :func:`ms_kldiv.kl_div` with ``log_target=True``, so confident teachers
-    keep their tail mass and the fastest available backend does the work.
+    Soft-target gradients shrink as :math:`1/T^2`; the :math:`T^2` factor keeps their scale roughly independent
+    of :math:`T`, so the loss can be mixed with a cross-entropy term without retuning the weight. Both
+    log-distributions come from a numerically stable ``log_softmax`` and are passed to :func:`ms_kldiv.kl_div`
+    with ``log_target=True``, so the teacher's log-probabilities are used as computed and the fastest
+    available backend does the work.
 
     Gradients flow to **both** `student_logits` and `teacher_logits` (trainable teachers, mutual learning).
     Call ``ops.stop_gradient`` on the teacher logits for classic distillation from a frozen teacher.
