@@ -10,13 +10,13 @@ from ._env import keep_cwd_clean as _keep_cwd_clean
 _keep_cwd_clean()
 
 from . import backends as _backends  # noqa: E402
-from .distillation import distillation_loss  # noqa: E402
+from .distillation import DistillationLoss, distillation_loss  # noqa: E402
 from .functional import kl_div  # noqa: E402
 from . import nn  # noqa: E402
 from .nn import KLDivLoss  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["kl_div", "KLDivLoss", "nn", "distillation_loss", "backends", "backend_info"]
+__all__ = ["kl_div", "KLDivLoss", "nn", "distillation_loss", "DistillationLoss", "backends", "backend_info"]
 
 
 def backends():

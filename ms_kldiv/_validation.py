@@ -82,5 +82,9 @@ def check_tensors(input, target, name="kl_div"):
         if value.dtype not in FLOAT_DTYPES:
             raise TypeError(f"For '{name}', '{arg_name}' must have a floating dtype "
                             f"(float16, bfloat16, float32, float64), but got {value.dtype}.")
-    kldiv_broadcast_shape(ops.shape(input), ops.shape(target), name)
+    shape_x, shape_t = ops.shape(input), ops.shape(target)
+    # Under dynamic shapes the dims are no compile-time constants (a constexpr would only warn); the
+    # backends check them when the shapes are known.
+    if not (ops.is_sequence_value_unknown(shape_x) or ops.is_sequence_value_unknown(shape_t)):
+        kldiv_broadcast_shape(shape_x, shape_t, name)
     return promote(input.dtype, target.dtype)
