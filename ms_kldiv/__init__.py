@@ -1,9 +1,10 @@
 """ms_kldiv: a correct, fast Kullback-Leibler divergence loss for MindSpore on Ascend, GPU and CPU.
 
-    >>> import ms_kldiv
-    >>> loss = ms_kldiv.KLDivLoss(reduction='batchmean', log_target=True)
-    >>> ms_kldiv.kl_div(input, target, reduction='mean')      # functional form
-    >>> ms_kldiv.backend_info()                               # what runs on this device, and why
+Usage::
+
+    loss_fn = ms_kldiv.KLDivLoss(reduction='batchmean', log_target=True)   # nn.Cell
+    loss = ms_kldiv.kl_div(input, target, reduction='mean')                # functional form
+    ms_kldiv.backend_info()                                                # what runs on this device, and why
 """
 from ._env import keep_cwd_clean as _keep_cwd_clean
 
