@@ -60,6 +60,13 @@ from mindspore import nn, ops  # noqa: E402
 
 import ms_kldiv  # noqa: E402
 from ms_kldiv import reference as ref  # noqa: E402
+from ms_kldiv._env import cache_dir  # noqa: E402
+
+try:  # hypothesis keeps a cache in ./.hypothesis; the suite, like the package, leaves the cwd alone
+    from hypothesis.configuration import set_hypothesis_home_dir
+    set_hypothesis_home_dir(cache_dir("hypothesis"))
+except ImportError:
+    pass
 
 REDUCTIONS = ref.REDUCTIONS
 MODES = ("pynative", "jit", "graph", "pynative_cell")
@@ -187,7 +194,10 @@ def assert_close(actual, expected, dtype, mag=None, what=""):
     expected = np.asarray(expected, np.float64)
     assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != expected {expected.shape}"
     nan_a, nan_e = np.isnan(actual), np.isnan(expected)
-    assert np.array_equal(nan_a, nan_e), f"{what}: NaN at {np.argwhere(nan_a != nan_e)[:5].tolist()}"
+    if not np.array_equal(nan_a, nan_e):
+        i = tuple(np.argwhere(nan_a != nan_e)[0])
+        raise AssertionError(f"{what}: NaN mismatch at {np.argwhere(nan_a != nan_e)[:5].tolist()}; "
+                             f"first: got {actual[i]!r}, expected {expected[i]!r}")
     inf_e = np.isinf(expected)
     assert np.array_equal(actual[inf_e], expected[inf_e]), f"{what}: infinities differ"
     fin = ~(nan_e | inf_e)
