@@ -2,15 +2,20 @@
 
 Layout (mirrors the composite backend so that MindSpore's autodiff handles what the DSL cannot):
 
-    AkgKLDiv (no bprop)    broadcast, widen half types, flatten, empty/dynamic fallbacks, scale, cast back
-      _AkgCore (bprop)     forward kernel; its bprop is the fused two-gradient kernel
-        backward kernel    a Custom op whose own bprop (plain ops) gives second-order gradients
+    AkgKLDiv (no bprop)    widen half types, broadcast, empty/dynamic/rank fallbacks, scale, cast back
+      _AkgCore (bprop)     forward kernel on the flattened operands; its bprop runs the two backward kernels
+        backward kernels   per-rank Custom ops (d/dinput, d/dtarget), each with a plain-ops bprop that gives
+                           second-order gradients
 
-The DSL indexes a tensor only by its own loop variables, and an AKG kernel is compiled per static shape, so
-every kernel works on flat 1-D operands of one length: broadcasting is an ``ops.broadcast_to`` before the
-core, and its adjoint (summing gradients back to each operand's shape) is MindSpore's own. Each distinct
-length is one compile, cached on disk under ``MS_COMPILER_CACHE_PATH`` (ms_kldiv points it at a per-user
-cache), so a length compiles once per machine, not once per process.
+The DSL cannot stride, so broadcasting is an ``ops.broadcast_to`` before the core and its adjoint (summing
+gradients back to each operand's shape) is MindSpore's own. AKG compiles per static shape: each distinct
+shape is one compile (0.2-2 s), cached on disk under ``MS_COMPILER_CACHE_PATH`` (ms_kldiv points it at a
+per-user cache), so a shape compiles once per machine, not once per process. Empty tensors, dynamic shapes
+and ranks above ``MAX_RANK`` use the composite op.
+
+Each measured MindSpore 2.10 / AKG limitation that shaped this is noted where it is worked around: CPU
+reduce-vectorizer dropping lanes, multi-level reductions that fail to compile, two-output kernels returning
+zeros, and PyNative losing second-order gradients through a reshape/unstack on the backward path.
 
 The pointwise formulas are the ones of ``custom_ops/common/kldiv_math.h`` / ``ms_kldiv.reference``, restated
 in DSL syntax because AKG parses Python source and cannot include the C header. They are templated over
@@ -42,20 +47,21 @@ from .composite import CompositeKLDiv, pointwise_fns
 # ---------------------------------------------------------------------------------------------------------
 # Kernel sources. {F} is the compute dtype ('float32' or 'float64'), {Z} is {F}(0), the typed zero; {I} is
 # the index tuple "i0, i1, ..." of one element and {G} the incoming gradient there.
-# No-mass tests are the header's: "t <= 0" (so a NaN target keeps its mass) and "t == -inf", written as
-# isinf(t) and t < 0 because the DSL has no infinite literal.
+# No-mass tests are the header's: "t <= 0" and "t == -inf" (written as isinf(t) and t < 0: the DSL has no
+# infinite literal). A NaN target must keep its mass and give NaN; AKG rewrites "0 if t <= 0 else v" into
+# "v if t > 0 else 0" (measured: NaN target -> 0), so prob-space formulas return the NaN explicitly.
 
 MAX_RANK = 8
 
 _LOSS = {
-    False: "{Z} if t[{I}] <= {Z} else t[{I}] * (log(t[{I}]) - x[{I}])",
+    False: "t[{I}] if isnan(t[{I}]) else ({Z} if t[{I}] <= {Z} else t[{I}] * (log(t[{I}]) - x[{I}]))",
     True: "({Z} if t[{I}] < {Z} else exp(t[{I}]) * (t[{I}] - x[{I}])) if isinf(t[{I}]) "
           "else exp(t[{I}]) * (t[{I}] - x[{I}])",
 }
 _GRAD = {
-    ("x", False): "{Z} if t[{I}] <= {Z} else -t[{I}] * {G}",
+    ("x", False): "t[{I}] if isnan(t[{I}]) else ({Z} if t[{I}] <= {Z} else -t[{I}] * {G})",
     ("x", True): "({Z} if t[{I}] < {Z} else -exp(t[{I}]) * {G}) if isinf(t[{I}]) else -exp(t[{I}]) * {G}",
-    ("t", False): "{Z} if t[{I}] <= {Z} else (log(t[{I}]) + {F}(1) - x[{I}]) * {G}",
+    ("t", False): "t[{I}] if isnan(t[{I}]) else ({Z} if t[{I}] <= {Z} else (log(t[{I}]) + {F}(1) - x[{I}]) * {G})",
     ("t", True): "({Z} if t[{I}] < {Z} else exp(t[{I}]) * (t[{I}] - x[{I}] + {F}(1)) * {G}) if isinf(t[{I}]) "
                  "else exp(t[{I}]) * (t[{I}] - x[{I}] + {F}(1)) * {G}",
 }
