@@ -332,11 +332,10 @@ void parallel_run(int nthreads, TaskFn fn, void* ctx) {
 
 int threads_for(int64_t work) {
   init_limits();
-  if (g_max_threads <= 1 || work < g_parallel_min) return 1;
-  // Chunks, not threads: about 4 per thread, each at least kGrain elements, at most 256.
+  if (work < g_parallel_min) return 1;
+  // Chunks, not threads, and independent of the thread count (MS_KLDIV_NUM_THREADS=1 just runs them all
+  // on the calling thread): the same input always gives the same partial sums in the same order.
   int64_t c = work / kGrain;
-  const int64_t cap = 4 * static_cast<int64_t>(g_max_threads);
-  if (c > cap) c = cap;
   if (c > 256) c = 256;
   return c < 2 ? 2 : static_cast<int>(c);
 }
