@@ -1,5 +1,9 @@
 """Shared fixtures and helpers of the ms_kldiv test suite (other tests/test_*.py files use them too).
 
+Import helpers with ``from conftest import run, make, ...`` (pytest puts tests/ on sys.path). Importing this
+file also sets ``GLOG_v=3`` (unless set) to quiet MindSpore's C++ warnings, and moves hypothesis' cache out of
+the working directory.
+
 Backends
     ``backend`` (fixture, str): one parameter per backend that ``ms_kldiv.backend_info()`` reports available on
         the current device target ('composite' always; 'aot', 'akg', ... as soon as they register and can run).
@@ -24,7 +28,7 @@ Running the op (one compiled graph serves every reduction of a case)
         -> ``{reduction: Outcome(out, dx, dt)}`` of MindSpore Tensors. ``dx, dt`` are the gradients of
         ``sum(kl_div(x, t, reduction) * w)`` with ``w = w_none`` (broadcast shape) for 'none' and
         ``w = w_red`` (0-d) otherwise; both default to ones. Cells are cached, so repeated shapes never recompile.
-    ``run_second_order(mode, backend, x, t, log_target, w_none, w_red, v1s, v2s, reductions=REDUCTIONS)``
+    ``run_second_order(mode, backend, x, t, log_target, w_none, w_red, v1, v2, reductions=REDUCTIONS)``
         -> ``{reduction: SecondOrder(out, dx, dt, gx, gt)}``: value, the gradients of ``sum(out * w)`` and
         the gradients of ``sum(dx * v1 + dt * v2)`` (v1: input's shape, v2: target's shape), i.e. ``ms.grad``
         of ``ms.grad``, all from one compiled graph.
