@@ -33,10 +33,33 @@ CXX_FLAGS = ["-O3", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-DNDEBUG",
              # Vectorize log/exp through libmvec and let if-converted selects vectorize; inf/NaN semantics
              # stay IEEE (no -ffast-math / -ffinite-math-only: the zero-mass rule relies on -inf and NaN).
              "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd"]
+# Volta..Hopper SASS plus compute_90 PTX (JIT-compiled by newer drivers). Newer toolkits drop old targets
+# (CUDA 13 has no sm_70), so the list is cut to what this nvcc supports (see nvcc_arch_flags).
 CUDA_ARCHS = ("70", "75", "80", "86", "89", "90")
+CUDA_PTX_ARCH = "90"
 NVCC_FLAGS = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
-              "--expt-relaxed-constexpr"] + [
-    f"-gencode=arch=compute_{a},code=sm_{a}" for a in CUDA_ARCHS] + ["-gencode=arch=compute_90,code=compute_90"]
+              "--expt-relaxed-constexpr"]
+
+
+@functools.lru_cache(maxsize=None)
+def nvcc_supported_archs(nvcc):
+    """The compute_XX numbers this nvcc accepts (None if it cannot say: then we try the whole list)."""
+    try:
+        out = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    archs = {line.strip().split("_", 1)[1] for line in out.splitlines() if line.strip().startswith("compute_")}
+    return frozenset(archs) or None
+
+
+def nvcc_arch_flags(nvcc):
+    supported = nvcc_supported_archs(nvcc)
+    archs = [a for a in CUDA_ARCHS if supported is None or a in supported]
+    if not archs:
+        raise BuildError(f"{nvcc} supports none of the target architectures sm_{', sm_'.join(CUDA_ARCHS)}")
+    flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+    ptx = CUDA_PTX_ARCH if CUDA_PTX_ARCH in archs else archs[-1]
+    return flags + [f"-gencode=arch=compute_{ptx},code=compute_{ptx}"]
 
 
 class BuildError(RuntimeError):
@@ -90,7 +113,7 @@ def source_hash(device, src=None):
     """Hash of everything that determines the library: sources, headers, flags, compiler."""
     src = src or source_dir()
     h = hashlib.sha256()
-    flags = CXX_FLAGS if device == "CPU" else NVCC_FLAGS
+    flags = CXX_FLAGS if device == "CPU" else NVCC_FLAGS + (nvcc_arch_flags(_nvcc()) if _nvcc() else [])
     h.update(repr((device, flags, _compiler_id(device))).encode())
     for p in _sources(src, device) + _headers(src, device):
         h.update(os.path.relpath(p, src).encode())
@@ -195,7 +218,7 @@ def _build_cuda(src, out_path, tmp):
     cus = _sources(src, "GPU")
     if not cus:
         raise BuildError("no CUDA sources in custom_ops/gpu")
-    _run([nvcc, *NVCC_FLAGS, "-I", os.path.join(src, "common"), "-I", os.path.join(src, "gpu"),
+    _run([nvcc, *NVCC_FLAGS, *nvcc_arch_flags(nvcc), "-I", os.path.join(src, "common"), "-I", os.path.join(src, "gpu"),
           *cus, "-o", out_path], tmp)
 
 

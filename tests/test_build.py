@@ -89,8 +89,20 @@ def test_missing_compiler_is_a_build_error(tmp_path, monkeypatch):
 def test_cuda_skip_switch(monkeypatch):
     monkeypatch.setenv("MS_KLDIV_SKIP_CUDA", "1")
     assert "MS_KLDIV_SKIP_CUDA" in _build.cuda_skipped_reason()
-    assert all("-gencode=arch=compute_" + a in " ".join(_build.NVCC_FLAGS) for a in _build.CUDA_ARCHS)
-    assert "-gencode=arch=compute_90,code=compute_90" in _build.NVCC_FLAGS
+
+
+
+def test_cuda_arch_flags_follow_the_toolkit(monkeypatch):
+    """sm_70..sm_90 SASS plus compute_90 PTX, cut to what the nvcc at hand supports (CUDA 13 has no sm_70)."""
+    _build.nvcc_supported_archs.cache_clear()
+    monkeypatch.setattr(_build, "nvcc_supported_archs", lambda nvcc: None)
+    flags = _build.nvcc_arch_flags("nvcc")
+    assert all(f"-gencode=arch=compute_{a},code=sm_{a}" in flags for a in _build.CUDA_ARCHS)
+    assert flags[-1] == "-gencode=arch=compute_90,code=compute_90"
+    monkeypatch.setattr(_build, "nvcc_supported_archs", lambda nvcc: frozenset({"75", "80", "86", "89", "90", "100"}))
+    flags = _build.nvcc_arch_flags("nvcc")
+    assert "-gencode=arch=compute_70,code=sm_70" not in flags
+    assert "-gencode=arch=compute_75,code=sm_75" in flags and flags[-1].endswith("code=compute_90")
 
 
 def test_setup_hook_loads_build_without_mindspore():

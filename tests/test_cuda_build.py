@@ -96,5 +96,5 @@ def test_build_arch_list_is_supported_by_this_nvcc():
     supported = set(re.findall(r"compute_(\d+)", help_text))
     if not supported:
         pytest.skip("this nvcc cannot list its architectures")
-    wanted = set(re.findall(r"arch=compute_(\d+)", " ".join(_build.NVCC_FLAGS)))
+    wanted = set(re.findall(r"arch=compute_(\d+)", " ".join(_build.nvcc_arch_flags(NVCC))))
     assert wanted <= supported, f"nvcc here lacks compute_{sorted(wanted - supported)}; supported: {sorted(supported)}"
