@@ -40,12 +40,10 @@ def legacy_reduction(size_average, reduce, reduction, name="kl_div"):
     return "mean"
 
 
-@constexpr
-def kldiv_broadcast_shape(shape_a, shape_b, name="kl_div"):
-    """NumPy broadcast of two shapes, evaluated at compile time in graph mode.
+def broadcast_shapes(shape_a, shape_b, name="kl_div"):
+    """NumPy broadcast of two shapes (``ops.shape`` tuples); ValueError if they do not broadcast.
 
-    Pass ``ops.shape(x)``: under dynamic shapes its unknown dims arrive here as None (or -1); they are
-    trusted to match and stay None in the result.
+    Under dynamic shapes unknown dims arrive as None (or -1); they are trusted to match and stay None.
     """
     out = []
     n = max(len(shape_a), len(shape_b))
@@ -62,6 +60,12 @@ def kldiv_broadcast_shape(shape_a, shape_b, name="kl_div"):
             raise ValueError(f"For '{name}', 'input' shape {tuple(shape_a)} and 'target' shape {tuple(shape_b)} "
                              f"cannot be broadcast together.")
     return tuple(out)
+
+
+# Evaluated at compile time in graph mode (a constant even under dynamic shapes, where unknown dims are None).
+# The name must not clash with a MindSpore primitive's ('broadcast_shape' does).
+kldiv_broadcast_shape = constexpr(broadcast_shapes)
+
 
 
 def promote(dtype_a, dtype_b):
@@ -83,8 +87,8 @@ def check_tensors(input, target, name="kl_div"):
             raise TypeError(f"For '{name}', '{arg_name}' must have a floating dtype "
                             f"(float16, bfloat16, float32, float64), but got {value.dtype}.")
     shape_x, shape_t = ops.shape(input), ops.shape(target)
-    # Under dynamic shapes the dims are no compile-time constants (a constexpr would only warn); the
-    # backends check them when the shapes are known.
+    # Under dynamic shapes the dims are no compile-time constants (the constexpr would only warn); the
+    # backends check them once the shapes are known.
     if not (ops.is_sequence_value_unknown(shape_x) or ops.is_sequence_value_unknown(shape_t)):
         kldiv_broadcast_shape(shape_x, shape_t, name)
     return promote(input.dtype, target.dtype)
