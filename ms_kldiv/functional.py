@@ -47,10 +47,15 @@ def kl_div(input, target, reduction="mean", log_target=False, *, backend="auto",
     """
     reduction = _validation.legacy_reduction(size_average, reduce, reduction)
     _validation.check_reduction(reduction, log_target)
-    dtype = _validation.check_tensors(input, target)
     op = get_op(backend, reduction, log_target)
+    return op(*promoted_operands(input, target))
+
+
+def promoted_operands(input, target, name="kl_div"):
+    """Checked operands, both cast to their promoted float dtype (what every backend op receives)."""
+    dtype = _validation.check_tensors(input, target, name)
     if input.dtype != dtype:
         input = ops.cast(input, dtype)
     if target.dtype != dtype:
         target = ops.cast(target, dtype)
-    return op(input, target)
+    return input, target

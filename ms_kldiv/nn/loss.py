@@ -1,8 +1,9 @@
 """The ``nn.Cell`` face of :func:`ms_kldiv.kl_div`."""
-from mindspore import nn, ops
+from mindspore import nn
 
 from .. import _validation
 from ..backends import get_op
+from ..functional import promoted_operands
 
 
 class KLDivLoss(nn.Cell):
@@ -57,12 +58,7 @@ class KLDivLoss(nn.Cell):
         self.op = get_op(backend, reduction, log_target)
 
     def construct(self, input, target):
-        dtype = _validation.check_tensors(input, target, "KLDivLoss")
-        if input.dtype != dtype:
-            input = ops.cast(input, dtype)
-        if target.dtype != dtype:
-            target = ops.cast(target, dtype)
-        return self.op(input, target)
+        return self.op(*promoted_operands(input, target, "KLDivLoss"))
 
     def extend_repr(self):
         return f"reduction={self.reduction!r}, log_target={self.log_target}, backend={self.backend!r}"
