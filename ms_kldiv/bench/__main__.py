@@ -28,7 +28,14 @@ def main(argv=None):
     ap.add_argument("--ref", default="aot", help="row the ratios are taken against")
     ap.add_argument("--json", default=None, help="write results as JSON here")
     ap.add_argument("--plot", default=None, help="write a PNG plot here (needs matplotlib)")
-    args = ap.parse_args(argv)
+    ap.add_argument("--cuda", action="store_true",
+                    help="instead: the CUDA kernels' bandwidth vs a device copy and torch (needs a CUDA device, "
+                         "torch with CUDA and a source checkout: runs tests/gpu/bench_bandwidth.py)")
+    args, rest = ap.parse_known_args(argv)
+    if args.cuda:
+        return _cuda_bandwidth(rest)
+    if rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
 
     from .rows import register_default_rows  # imports torch first when wanted, then MindSpore
     if not args.no_torch:
@@ -66,6 +73,21 @@ def main(argv=None):
         print(f"wrote {args.json}")
     if args.plot:
         print(f"wrote {args.plot}" if harness.plot(results, args.plot) else "matplotlib not importable: no plot")
+    return 0
+
+
+def _cuda_bandwidth(argv):
+    """The GPU numbers come from the ctypes harness (MindSpore's GPU runtime needs CUDA 11; the harness does not)."""
+    import runpy
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "gpu", "bench_bandwidth.py")
+    if not os.path.exists(script):
+        print("--cuda needs a source checkout of ms_kldiv (tests/gpu/bench_bandwidth.py is not installed)")
+        return 2
+    sys.argv = [script] + list(argv)
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        return e.code or 0
     return 0
 
 

@@ -114,6 +114,7 @@ def register_default_rows(with_torch=True):
     add_row("aot", "ms_kldiv aot (PyNative)", ms_kldiv_row("aot", jit=False))
     add_row("aot_jit", "ms_kldiv aot (ms.jit)", ms_kldiv_row("aot", jit=True))
     add_row("composite_jit", "ms_kldiv composite (ms.jit)", ms_kldiv_row("composite", jit=True))
+    add_row("akg_jit", "ms_kldiv akg (ms.jit)", ms_kldiv_row("akg", jit=True))
     add_row("ops_jit", "mindspore ops.kl_div (ms.jit)", ms_ops_row(jit=True))
     add_row("ops", "mindspore ops.kl_div (PyNative)", ms_ops_row(jit=False))
     if with_torch:

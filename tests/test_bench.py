@@ -1,0 +1,25 @@
+"""The benchmark CLI runs end to end (tiny sizes) and writes its JSON; timings themselves are never asserted."""
+import json
+import subprocess
+import sys
+
+
+def test_bench_cli_smoke(tmp_path):
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "ms_kldiv.bench", "--sizes", "4K", "--modes", "fwd,grad", "--no-torch",
+           "--rows", "aot_jit,composite_jit,akg_jit,ops_jit,roofline", "--min-time", "0.01", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ms_kldiv aot (ms.jit)" in proc.stdout and "mindspore ops.kl_div (ms.jit)" in proc.stdout
+    data = json.loads(out.read_text())
+    text = json.dumps(data)
+    for label in ("ms_kldiv aot (ms.jit)", "ms_kldiv akg (ms.jit)", "stream read (C++, same threads)"):
+        assert label in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json"]
+
+
+def test_bench_cuda_option_explains_without_a_gpu(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "ms_kldiv.bench", "--cuda"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode in (0, 2), proc.stderr[-2000:]
+    assert "CUDA" in proc.stdout or "checkout" in proc.stdout
