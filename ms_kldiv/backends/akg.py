@@ -150,6 +150,9 @@ def _spawn_compiler_in_cache_dir():
             return
         _SPAWNED = True
         workdir = _env.cache_dir("akg_cwd")
+        # AKG reads its own tiling repository (inside the wheel) only from under AKG_WHITE_LIST_PATH, which
+        # defaults to the server's cwd; otherwise it prints "Please set tiling repo path ..." for every kernel.
+        os.environ.setdefault("AKG_WHITE_LIST_PATH", os.path.join(os.path.dirname(ms.__file__), "_akg"))
         marker = f"msk{uuid.uuid4().hex}"
         src = (f"def {marker}(x):\n"
                f"    out = output_tensor(x.shape, x.dtype)\n"
