@@ -30,14 +30,14 @@ def _sync(v):
         v.asnumpy()
 
 
-def ms_kldiv_row(backend, jit):
+def _mindspore_row(loss, jit):
+    """A MindSpore row: ``loss(a, b, reduction)`` timed eagerly or under ms.jit, forward or value+grad(input)."""
     def factory(n, dtype, reduction, mode):
         ms = _ms()
-        import ms_kldiv
         x, t = _tensors(n, dtype)
 
         def f(a, b):
-            return ms_kldiv.kl_div(a, b, reduction=reduction, backend=backend)
+            return loss(a, b, reduction)
 
         if mode == "grad":
             f = ms.value_and_grad(f, grad_position=0)
@@ -45,23 +45,22 @@ def ms_kldiv_row(backend, jit):
             f = ms.jit(f)
         return lambda: _sync(f(x, t))
     return factory
+
+
+def ms_kldiv_row(backend, jit):
+    import ms_kldiv
+
+    def loss(a, b, reduction):
+        return ms_kldiv.kl_div(a, b, reduction=reduction, backend=backend)
+    return _mindspore_row(loss, jit)
 
 
 def ms_ops_row(jit):
-    def factory(n, dtype, reduction, mode):
-        ms = _ms()
-        from mindspore import ops
-        x, t = _tensors(n, dtype)
+    from mindspore import ops
 
-        def f(a, b):
-            return ops.kl_div(a, b, reduction=reduction)
-
-        if mode == "grad":
-            f = ms.value_and_grad(f, grad_position=0)
-        if jit:
-            f = ms.jit(f)
-        return lambda: _sync(f(x, t))
-    return factory
+    def loss(a, b, reduction):
+        return ops.kl_div(a, b, reduction=reduction)
+    return _mindspore_row(loss, jit)
 
 
 def torch_factory(n, dtype, reduction, mode):
