@@ -40,11 +40,14 @@ def legacy_reduction(size_average, reduce, reduction, name="kl_div"):
     return "mean"
 
 
-def broadcast_shapes(shape_a, shape_b, name="kl_div"):
+def broadcast_shapes(shape_a, shape_b, name="kl_div", names=("input", "target")):
     """NumPy broadcast of two shapes (``ops.shape`` tuples); ValueError if they do not broadcast.
 
     Under dynamic shapes unknown dims arrive as None (or -1); they are trusted to match and stay None.
     """
+    if not isinstance(shape_a, (tuple, list)) or not isinstance(shape_b, (tuple, list)) \
+            or -2 in shape_a or -2 in shape_b:
+        return None  # dynamic rank: nothing to check before the shapes are known
     out = []
     n = max(len(shape_a), len(shape_b))
     a = (1,) * (n - len(shape_a)) + tuple(None if d is None or d < 0 else d for d in shape_a)
@@ -57,14 +60,16 @@ def broadcast_shapes(shape_a, shape_b, name="kl_div"):
         elif da is None or db is None:
             out.append(None)
         else:
-            raise ValueError(f"For '{name}', 'input' shape {tuple(shape_a)} and 'target' shape {tuple(shape_b)} "
-                             f"cannot be broadcast together.")
+            raise ValueError(f"For '{name}', '{names[0]}' shape {tuple(shape_a)} and '{names[1]}' shape "
+                             f"{tuple(shape_b)} cannot be broadcast together.")
     return tuple(out)
 
 
-# Evaluated at compile time in graph mode (a constant even under dynamic shapes, where unknown dims are None).
+# Evaluated at compile time in graph mode, and a plain Python call in PyNative (no primitive launch: the
+# check costs ~5 us per call there). Under dynamic shapes the unknown dims arrive as None and are trusted;
+# check=False keeps MindSpore from warning that they are not constants.
 # The name must not clash with a MindSpore primitive's ('broadcast_shape' does).
-kldiv_broadcast_shape = constexpr(broadcast_shapes)
+kldiv_broadcast_shape = constexpr(broadcast_shapes, check=False)
 
 
 
@@ -86,9 +91,5 @@ def check_tensors(input, target, name="kl_div"):
         if value.dtype not in FLOAT_DTYPES:
             raise TypeError(f"For '{name}', '{arg_name}' must have a floating dtype "
                             f"(float16, bfloat16, float32, float64), but got {value.dtype}.")
-    shape_x, shape_t = ops.shape(input), ops.shape(target)
-    # Under dynamic shapes the dims are no compile-time constants (the constexpr would only warn); the
-    # backends check them once the shapes are known.
-    if not (ops.is_sequence_value_unknown(shape_x) or ops.is_sequence_value_unknown(shape_t)):
-        kldiv_broadcast_shape(shape_x, shape_t, name)
+    kldiv_broadcast_shape(ops.shape(input), ops.shape(target), name)
     return promote(input.dtype, target.dtype)

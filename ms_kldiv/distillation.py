@@ -10,7 +10,6 @@ import math
 
 import mindspore as ms
 from mindspore import Tensor, nn, ops
-from mindspore.ops import constexpr
 
 from . import _validation
 from .functional import kl_div
@@ -27,21 +26,6 @@ def _check_temperature(temperature, name):
         raise ValueError(f"For '{name}', 'temperature' must be a positive finite number, but got {temperature!r}.")
 
 
-@constexpr
-def _check_broadcast(shape_s, shape_t, name):
-    # A constexpr runs in Python once, at compile time, instead of becoming graph code. Called for static shapes
-    # only (see _check_args); unknown dims are tolerated anyway.
-    n = max(len(shape_s), len(shape_t))
-    a = (1,) * (n - len(shape_s)) + tuple(shape_s)
-    b = (1,) * (n - len(shape_t)) + tuple(shape_t)
-    for ds, dt in zip(a, b):
-        if ds is None or dt is None or ds < 0 or dt < 0:
-            continue
-        if ds != dt and ds != 1 and dt != 1:
-            raise ValueError(f"For '{name}', 'student_logits' shape {tuple(shape_s)} and 'teacher_logits' shape "
-                             f"{tuple(shape_t)} cannot be broadcast together.")
-
-
 def _check_args(student_logits, teacher_logits, temperature, reduction, name):
     """All checks, before anything runs; returns the promoted dtype. Plain Python, so it also runs at graph
     compile time."""
@@ -56,10 +40,8 @@ def _check_args(student_logits, teacher_logits, temperature, reduction, name):
         if value.ndim < 1:
             raise ValueError(f"For '{name}', '{arg_name}' must have at least 1 dimension (the classes on the "
                              f"last axis), but got a 0-d Tensor.")
-    shape_s, shape_t = ops.shape(student_logits), ops.shape(teacher_logits)
-    # A dynamic shape is no compile-time constant: a constexpr would only warn and skip; the kernels check it.
-    if not (ops.is_sequence_value_unknown(shape_s) or ops.is_sequence_value_unknown(shape_t)):
-        _check_broadcast(shape_s, shape_t, name)
+    _validation.kldiv_broadcast_shape(ops.shape(student_logits), ops.shape(teacher_logits), name,
+                                      ("student_logits", "teacher_logits"))
     return _validation.promote(student_logits.dtype, teacher_logits.dtype)
 
 

@@ -9,7 +9,10 @@
 // both gradients, whatever x is (x = -inf included). "No mass" is t <= 0 (t == -inf with log_target).
 // The test is written as !(t <= 0) so that a NaN target keeps its mass and propagates NaN.
 //
-// Compute type C is float or double; half types are widened to float by the caller.
+// Compute type C is float or double (half types are widened to float by the caller), or a SIMD vector
+// type with the same operators (custom_ops/cpu/kldiv_simd_avx2.h): masks then come from its comparison
+// operators, `kselect` is its lane blend, and klog/kexp/safe_target/kselect are found by argument-dependent
+// lookup. So the formulas below are written once for scalars, CUDA threads and CPU vectors alike.
 #pragma once
 
 #if defined(__CUDACC__)
@@ -32,8 +35,12 @@ KLDIV_HD double klog(double v) { return log(v); }
 KLDIV_HD float kexp(float v) { return expf(v); }
 KLDIV_HD double kexp(double v) { return exp(v); }
 
+// `m ? a : b`, lane-wise for vector types.
 template <typename C>
-KLDIV_HD bool has_mass(C t, bool log_target) {
+KLDIV_HD C kselect(bool m, C a, C b) { return m ? a : b; }
+
+template <typename C>
+KLDIV_HD auto has_mass(C t, bool log_target) {
   return log_target ? !(t == -static_cast<C>(INFINITY)) : !(t <= C(0));
 }
 
@@ -64,6 +71,11 @@ static inline __attribute__((always_inline)) double safe_target(bool m, double t
 }
 #endif
 
+// The value loss/grads hand to klog (kexp with log_target): the target, or a harmless constant on a lane
+// without mass. Kernels whose log has a restricted domain check this (custom_ops/cpu/kldiv_simd_avx2.h).
+template <typename C>
+KLDIV_HD C log_argument(C t, bool log_target) { return safe_target(has_mass(t, log_target), t, log_target); }
+
 // Every function below is branch-free: masked lanes are fed safe values (t=1, x=0; t=0 for log_target)
 // and the result is selected afterwards, so a SIMD or SIMT loop evaluates them without divergence and no
 // lane ever computes 0 * inf. The selects give exactly the piecewise definitions written in the comments.
@@ -71,39 +83,39 @@ static inline __attribute__((always_inline)) double safe_target(bool m, double t
 // loss(x, t): t * (log t - x), or exp(t) * (t - x) with log_target; 0 without mass.
 template <typename C>
 KLDIV_HD C loss(C x, C t, bool log_target) {
-  const bool m = has_mass(t, log_target);
+  const auto m = has_mass(t, log_target);
   const C ts = safe_target(m, t, log_target);
-  const C xs = m ? x : C(0);
+  const C xs = kselect(m, x, C(0));
   const C v = log_target ? kexp(ts) * (ts - xs) : ts * (klog(ts) - xs);
-  return m ? v : C(0);
+  return kselect(m, v, C(0));
 }
 
 // d loss / d x:  -t, or -exp(t) with log_target; 0 without mass.
 template <typename C>
 KLDIV_HD C grad_input(C x, C t, bool log_target) {
   (void)x;
-  const bool m = has_mass(t, log_target);
+  const auto m = has_mass(t, log_target);
   const C ts = safe_target(m, t, log_target);
   const C v = log_target ? -kexp(ts) : -ts;
-  return m ? v : C(0);
+  return kselect(m, v, C(0));
 }
 
 // d loss / d t:  log t + 1 - x, or exp(t) * (t - x + 1) with log_target; 0 without mass.
 template <typename C>
 KLDIV_HD C grad_target(C x, C t, bool log_target) {
-  const bool m = has_mass(t, log_target);
+  const auto m = has_mass(t, log_target);
   const C ts = safe_target(m, t, log_target);
-  const C xs = m ? x : C(0);
+  const C xs = kselect(m, x, C(0));
   const C v = log_target ? kexp(ts) * (ts - xs + C(1)) : klog(ts) + C(1) - xs;
-  return m ? v : C(0);
+  return kselect(m, v, C(0));
 }
 
 // Both gradients in one evaluation (one exp/log), as the fused backward kernels want them.
 template <typename C>
 KLDIV_HD void grads(C x, C t, bool log_target, C* d_input, C* d_target) {
-  const bool m = has_mass(t, log_target);
+  const auto m = has_mass(t, log_target);
   const C ts = safe_target(m, t, log_target);
-  const C xs = m ? x : C(0);
+  const C xs = kselect(m, x, C(0));
   C di, dt;
   if (log_target) {
     const C e = kexp(ts);
@@ -113,8 +125,8 @@ KLDIV_HD void grads(C x, C t, bool log_target, C* d_input, C* d_target) {
     di = -ts;
     dt = klog(ts) + C(1) - xs;
   }
-  *d_input = m ? di : C(0);
-  *d_target = m ? dt : C(0);
+  *d_input = kselect(m, di, C(0));
+  *d_target = kselect(m, dt, C(0));
 }
 
 }  // namespace kldiv
