@@ -2,7 +2,7 @@
 from mindspore import ops
 
 from . import _validation
-from .backends import get_op
+from .backends import compiled, get_op
 
 
 def kl_div(input, target, reduction="mean", log_target=False, *, backend="auto", size_average=None, reduce=None):
@@ -47,7 +47,7 @@ def kl_div(input, target, reduction="mean", log_target=False, *, backend="auto",
     """
     reduction = _validation.legacy_reduction(size_average, reduce, reduction)
     _validation.check_reduction(reduction, log_target)
-    op = get_op(backend, reduction, log_target)
+    op = get_op(backend, reduction, log_target, compiled(input))
     return op(*promoted_operands(input, target))
 
 

@@ -14,7 +14,8 @@ from mindspore import Tensor, nn
 
 import ms_kldiv
 from ms_kldiv import reference as ref
-from conftest import (DTYPES, DTYPE_IDS, check_outcomes, graph_mode, make, run, run_second_order, to_numpy)
+from conftest import (DTYPES, DTYPE_IDS, assert_close, check_outcomes, graph_mode, make, reference, run,
+                      run_second_order, to_numpy)
 
 AOT = {r["name"]: r for r in ms_kldiv.backend_info()}.get("aot", {})
 pytestmark = pytest.mark.skipif(not AOT.get("available"), reason=f"aot backend unavailable: {AOT.get('reason')}")
@@ -130,6 +131,63 @@ def test_float32_log_accuracy_sweep(mode):
     assert err.max() <= 3.0, (err.max(), t[finite][np.argmax(err)])
     special = ~finite
     np.testing.assert_array_equal(out[special], exp32[special])  # NaN == NaN here, inf, and exact zeros
+
+
+class _OneGradient(nn.Cell):
+    """value_and_grad of the loss w.r.t. one operand only: in compiled code the other gradient's op is unused."""
+
+    def __init__(self, reduction, log_target, which):
+        super().__init__()
+        self.loss = ms_kldiv.KLDivLoss(reduction, log_target, backend="aot")
+        self.grad = ms.value_and_grad(self.loss, grad_position=which)
+
+    def construct(self, x, t):
+        return self.grad(x, t)
+
+
+def test_compiled_tells_pynative_from_graph():
+    from ms_kldiv.backends import compiled
+    x = Tensor(np.ones(3, np.float32))
+
+    def probe(a):
+        return a * 2 if compiled(a) else a * 3
+
+    assert to_numpy(probe(x)).tolist() == [3, 3, 3]            # PyNative
+    assert to_numpy(ms.jit(probe)(x)).tolist() == [2, 2, 2]    # compiled
+
+
+def test_compiled_code_gets_the_split_backward():
+    from ms_kldiv.backends import get_op
+    eager, graph = get_op("aot", "sum", False), get_op("aot", "sum", False, graph=True)
+    assert eager is not graph
+    assert eager.bprop.__name__ == "_fwd_bprop" and graph.bprop.__name__ == "_fwd_bprop_split"
+
+
+@pytest.mark.parametrize("mode", ["jit", "graph"])
+@pytest.mark.parametrize("which", [0, 1], ids=["d_input", "d_target"])
+@pytest.mark.parametrize("reduction", ref.REDUCTIONS)
+@pytest.mark.parametrize("log_target", [False, True], ids=["prob", "logt"])
+def test_single_gradient_ops_in_compiled_code(mode, which, reduction, log_target):
+    # Compiled code runs the single-gradient kernels (KLDivBwdInput / KLDivBwdTarget) when one gradient is
+    # asked for; both broadcast directions exercise their reduced-operand paths.
+    rng = np.random.default_rng(11 + which)
+    for xs, ts in (((4, 1, 300), (3, 1)), ((2, 300), (2, 300)), ((5, 1), (2, 5, 300))):
+        x, t = _data(xs, ts, log_target, rng)
+        xt, xv = make(x, ms.float32)
+        tt, tv = make(t, ms.float32)
+        cell = _OneGradient(reduction, log_target, which)
+        if mode == "graph":
+            with graph_mode():
+                out, grad = cell(xt, tt)
+        else:
+            out, grad = ms.jit(cell)(xt, tt)
+        exp = reference(xv, tv, reduction, log_target)
+        what = f"{mode} {reduction} {xs} vs {ts}"
+        assert_close(to_numpy(out), exp.out, ms.float32, exp.out_mag, what=what + " value")
+        if which == 0:
+            assert_close(to_numpy(grad), exp.dx, ms.float32, exp.dx_mag, what=what + " d_input")
+        else:
+            assert_close(to_numpy(grad), exp.dt, ms.float32, exp.dt_mag, what=what + " d_target")
 
 
 class _Loss(nn.Cell):

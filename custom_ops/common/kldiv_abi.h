@@ -11,7 +11,11 @@
 //
 //   KLDivFwd<R><S>        forward           R in {None, Sum, Mean, Batchmean}, S in {Prob, Log}
 //   KLDivBwd<R><S>        backward (both gradients in one pass)
-//   <Fn>InferShape        C++ shape inference for each of the 16 symbols (dynamic shapes need it)
+//   KLDivBwdInput<R><S>   backward, d/dinput only   } CPU library only (optional: aot.py checks for them).
+//   KLDivBwdTarget<R><S>  backward, d/dtarget only  } Graph mode drops an op whose output is unused, so a
+//                         graph that needs only one gradient (distillation: a fixed teacher) computes
+//                         only that one; d/dinput alone needs no log at all.
+//   <Fn>InferShape        C++ shape inference for each symbol (dynamic shapes need it)
 //
 //   S = Prob: target holds probabilities (log_target=False); S = Log: log-probabilities (log_target=True).
 //   e.g. KLDivFwdBatchmeanLog, KLDivBwdNoneProb, KLDivFwdSumProbInferShape.
@@ -42,6 +46,9 @@
 //   applied per element BEFORE summing, so an empty broadcast gives exact zeros, never 0 * NaN.
 //   Both gradients come from ONE pass over the broadcast index space (kldiv::grads).
 //
+// Single-gradient backward KLDivBwdInput<R><S> / KLDivBwdTarget<R><S>: nparam == 4
+//   params[0..2] as in the backward; params[3] dx (shape of x) or dt (shape of t), defined as above.
+//
 // dtypes: D is one of the strings "float16", "bfloat16", "float32", "float64"; x, t, dout and all
 //   outputs share it (Python promotes and casts before the call). Half types are loaded/stored natively
 //   and computed in float; float32 is computed in float, float64 in double.
@@ -58,7 +65,8 @@
 //   Forward None: broadcast of shapes[0], shapes[1]; a -1 (unknown) dim broadcast with 1 stays -1, with
 //   k > 1 gives k; if either input has dynamic rank (shapes[i][0] == -2) the result is {-2}.
 //   Forward reduced: {} (0-d).
-//   Backward: { shape of x, shape of t } (copies of shapes[0] and shapes[1]).
+//   Backward: { shape of x, shape of t } (copies of shapes[0] and shapes[1]); BwdInput: shape of x;
+//   BwdTarget: shape of t (these two use the forward's single-output InferShape signature).
 //   The output dtype is given from Python (out_dtype function returning the input's dtype), not from C++.
 //
 // Library files (found by ms_kldiv/_build.py, looked up per device target by ms_kldiv/backends/aot.py):

@@ -249,9 +249,11 @@ double scale_for(int reduction, int64_t n, int ndx, const int64_t* shx) {
   }
 }
 
-int run(bool fwd, int reduction, bool log_target, int nparam, void** params, int* ndims, int64_t** shapes,
+// want: 0 = forward; backward 1 = dx only, 2 = dt only, 3 = both (see kldiv_abi.h).
+int run(int want, int reduction, bool log_target, int nparam, void** params, int* ndims, int64_t** shapes,
         const char** dtypes) {
-  if (nparam != (fwd ? 3 : 5) || !params || !ndims || !shapes || !dtypes) return 1;
+  const bool fwd = want == 0;
+  if (nparam != (fwd ? 3 : want == 3 ? 5 : 4) || !params || !ndims || !shapes || !dtypes) return 1;
   const int dtype = parse_dtype(dtypes[0]);
   if (dtype < 0) return 2;
   for (int i = 1; i < nparam; ++i) {
@@ -271,7 +273,9 @@ int run(bool fwd, int reduction, bool log_target, int nparam, void** params, int
   } else if (numel(ndims[io], shapes[io]) != 1) {
     return 4;
   }
-  if (!fwd && (numel(ndims[3], shapes[3]) != plan.nx || numel(ndims[4], shapes[4]) != plan.nt)) return 4;
+  // The gradient outputs follow dout: dx then dt, or the one that is wanted.
+  if ((want & 1) && numel(ndims[3], shapes[3]) != plan.nx) return 4;
+  if ((want & 2) && numel(ndims[want == 3 ? 4 : 3], shapes[want == 3 ? 4 : 3]) != plan.nt) return 4;
   init_limits();
   Args a;
   a.plan = &plan;
@@ -283,14 +287,16 @@ int run(bool fwd, int reduction, bool log_target, int nparam, void** params, int
   a.t = params[1];
   if (fwd) {
     a.dout = nullptr;
+    a.want = 0;
     a.out = params[2];
     a.dx = a.dt = nullptr;
     table()->forward(&a);
   } else {
     a.dout = params[2];
     a.out = nullptr;
-    a.dx = params[3];
-    a.dt = params[4];
+    a.want = want;
+    a.dx = (want & 1) ? params[3] : nullptr;
+    a.dt = want == 3 ? params[4] : want == 2 ? params[3] : nullptr;
     table()->backward(&a);
   }
   return 0;
@@ -348,12 +354,30 @@ int threads_for(int64_t work) {
   KLDIV_DECLARE_KERNEL(KLDivFwd##R##S) {                                                                     \
     (void)stream;                                                                                            \
     (void)extra;                                                                                             \
-    return kldiv::cpu::run(true, RID, LT, nparam, params, ndims, shapes, dtypes);                            \
+    return kldiv::cpu::run(0, RID, LT, nparam, params, ndims, shapes, dtypes);                               \
   }                                                                                                          \
   KLDIV_DECLARE_KERNEL(KLDivBwd##R##S) {                                                                     \
     (void)stream;                                                                                            \
     (void)extra;                                                                                             \
-    return kldiv::cpu::run(false, RID, LT, nparam, params, ndims, shapes, dtypes);                           \
+    return kldiv::cpu::run(3, RID, LT, nparam, params, ndims, shapes, dtypes);                               \
+  }                                                                                                          \
+  KLDIV_DECLARE_KERNEL(KLDivBwdInput##R##S) {                                                                \
+    (void)stream;                                                                                            \
+    (void)extra;                                                                                             \
+    return kldiv::cpu::run(1, RID, LT, nparam, params, ndims, shapes, dtypes);                               \
+  }                                                                                                          \
+  KLDIV_DECLARE_KERNEL(KLDivBwdTarget##R##S) {                                                               \
+    (void)stream;                                                                                            \
+    (void)extra;                                                                                             \
+    return kldiv::cpu::run(2, RID, LT, nparam, params, ndims, shapes, dtypes);                               \
+  }                                                                                                          \
+  KLDIV_DECLARE_FWD_INFER(KLDivBwdInput##R##S) {                                                             \
+    (void)extra;                                                                                             \
+    return std::vector<int64_t>(shapes[0], shapes[0] + ndims[0]);                                            \
+  }                                                                                                          \
+  KLDIV_DECLARE_FWD_INFER(KLDivBwdTarget##R##S) {                                                            \
+    (void)extra;                                                                                             \
+    return std::vector<int64_t>(shapes[1], shapes[1] + ndims[1]);                                            \
   }                                                                                                          \
   KLDIV_DECLARE_FWD_INFER(KLDivFwd##R##S) {                                                                  \
     (void)extra;                                                                                             \

@@ -33,6 +33,7 @@ struct Args {
   bool log_target;
   int reduction;    // kldiv::Reduction
   double scale;     // reduction scale s (1, 1/numel, 1/batch, or NaN for an empty mean/batchmean)
+  int want;         // backward: 1 = dx only, 2 = dt only, 3 = both in one pass
   const void* x;
   const void* t;
   const void* dout;  // backward only

@@ -111,13 +111,26 @@ def resolve(name="auto", device=None):
 
 
 @functools.lru_cache(maxsize=None)
-def _make_op(backend_name, device, reduction, log_target):
-    return resolve(backend_name, device).make_op(reduction, log_target)
+def _make_op(backend_name, device, reduction, log_target, graph):
+    b = resolve(backend_name, device)
+    return b.make_graph_op(reduction, log_target) if graph else b.make_op(reduction, log_target)
 
 
-def get_op(backend, reduction, log_target):
-    """The op for these settings on the current device; created once and reused (PyNative and graph)."""
-    return _make_op(backend, _device_target_const(), reduction, log_target)
+def get_op(backend, reduction, log_target, graph=False):
+    """The op for these settings on the current device; created once and reused. ``graph``: the op is for
+    compiled code (see ``compiled``)."""
+    return _make_op(backend, _device_target_const(), reduction, log_target, graph)
+
+
+def _is_compiled(tensor):
+    # In PyNative a constexpr is a plain call and receives the Tensor itself; while a graph is compiled it
+    # receives a placeholder for a variable tensor, marked `created_empty_tensor` (MindSpore's own
+    # constexpr helpers test the same flag, e.g. nn/layer/basic.py).
+    return bool(getattr(tensor, "created_empty_tensor", False))
+
+
+#: compiled(x) is True in graph code (GRAPH_MODE, ms.jit) and False in PyNative, at no run-time cost.
+compiled = constexpr(_is_compiled, check=False)
 
 
 get_op.cache_clear = _make_op.cache_clear

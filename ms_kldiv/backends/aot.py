@@ -73,10 +73,16 @@ def _sum_to(v, shape):
 
 
 class AotKLDiv(nn.Cell):
-    """The kernel pair for one (library, reduction, log_target): forward Custom op with the backward Custom op
-    as bprop, whose own bprop (second order) is plain MindSpore ops."""
+    """The kernels for one (library, reduction, log_target).
 
-    def __init__(self, lib_path, target, reduction, log_target):
+    ``fwd``: the forward Custom op whose bprop is the fused backward op (both gradients in one pass), for
+    PyNative, where a bprop always runs whole. ``fwd_graph`` (None when the library lacks the single-gradient
+    symbols): the same forward with a bprop of two single-gradient ops, for graph mode, which drops an op
+    whose output nobody uses: with a fixed target (distillation) only d/dinput is computed, and that needs
+    no log. The backward ops' own bprops (second order) are plain MindSpore ops.
+    """
+
+    def __init__(self, lib_path, target, reduction, log_target, split=False):
         super().__init__()
         self.reduction = reduction
         self.log_target = log_target
@@ -89,6 +95,19 @@ class AotKLDiv(nn.Cell):
         self.fwd = ops.Custom(f"{lib_path}:{fwd_name}", out_shape=None, out_dtype=lambda x, t: x,
                               func_type="aot", bprop=self._fwd_bprop,
                               reg_info=_reg_info(fwd_name, target, ("x", "t"), ("y",)))
+        self.fwd_graph = None
+        if split:
+            dx_name = symbol("BwdInput", reduction, log_target)
+            dt_name = symbol("BwdTarget", reduction, log_target)
+            self.bwd_dx = ops.Custom(f"{lib_path}:{dx_name}", out_shape=None, out_dtype=lambda x, t, g: x,
+                                     func_type="aot", bprop=self._bwd_dx_bprop,
+                                     reg_info=_reg_info(dx_name, target, ("x", "t", "g"), ("dx",)))
+            self.bwd_dt = ops.Custom(f"{lib_path}:{dt_name}", out_shape=None, out_dtype=lambda x, t, g: t,
+                                     func_type="aot", bprop=self._bwd_dt_bprop,
+                                     reg_info=_reg_info(dt_name, target, ("x", "t", "g"), ("dt",)))
+            self.fwd_graph = ops.Custom(f"{lib_path}:{fwd_name}", out_shape=None, out_dtype=lambda x, t: x,
+                                        func_type="aot", bprop=self._fwd_bprop_split,
+                                        reg_info=_reg_info(fwd_name, target, ("x", "t"), ("y",)))
 
     def construct(self, x, t):
         return self.fwd(x, t)
@@ -105,10 +124,13 @@ class AotKLDiv(nn.Cell):
             return 1.0 / ops.cast(x.shape[0], full.dtype) if x.ndim else ops.ones((), full.dtype)
         return ops.ones((), full.dtype)
 
-    def _bwd_bprop(self, x, t, g, out, dout):
-        # The backward computes dx = sum_to_x(Gi * G), dt = sum_to_t(Gt * G) with G = dout * s broadcast;
-        # its vjp against (a, b) = dout is written out here in the broadcast shape, then summed back.
-        a, b = dout
+    def _fwd_bprop_split(self, x, t, out, dout):
+        return self.bwd_dx(x, t, dout), self.bwd_dt(x, t, dout)
+
+    # The backward computes dx = sum_to_x(Gi * G), dt = sum_to_t(Gt * G) with G = dout * s broadcast; the
+    # vjps against their cotangents a (of dx) and b (of dt) are written out in the broadcast shape, then
+    # summed back to each operand's shape.
+    def _second_order_terms(self, x, t, g):
         dtype = x.dtype
         # float32 for half types (CPU BroadcastTo/ReduceSum have no bfloat16 kernel); arithmetic
         # broadcasting (x + 0*t-shaped zeros) also works with dynamic shapes.
@@ -116,19 +138,39 @@ class AotKLDiv(nn.Cell):
         xf, tf = ops.cast(x, cdt), ops.cast(t, cdt)
         xb = xf + ops.zeros_like(tf)
         tb = tf + ops.zeros_like(xf)
-        ab = ops.cast(a, cdt) + ops.zeros_like(xb)
-        bb = ops.cast(b, cdt) + ops.zeros_like(xb)
         s = self._scale(x, xb)
         gfull = ops.cast(g, xb.dtype) * s
-        gi_t, gt_x, gt_t = self.hess_fn(xb, tb)
-        gi, gt = self.pointwise_grads(xb, tb)
-        d_x = gfull * (bb * gt_x)
-        d_t = gfull * (ab * gi_t + bb * gt_t)
-        d_g = (ab * gi + bb * gt) * s
+        return cdt, xb, tb, s, gfull
+
+    def _finish(self, x, t, d_x, d_t, d_g):
         if self.reduction != "none":
             d_g = ops.sum(d_g)
+        dtype = x.dtype
         return (ops.cast(_sum_to(d_x, x.shape), dtype), ops.cast(_sum_to(d_t, t.shape), dtype),
                 ops.cast(d_g, dtype))
+
+    def _bwd_bprop(self, x, t, g, out, dout):
+        a, b = dout
+        cdt, xb, tb, s, gfull = self._second_order_terms(x, t, g)
+        ab = ops.cast(a, cdt) + ops.zeros_like(xb)
+        bb = ops.cast(b, cdt) + ops.zeros_like(xb)
+        gi_t, gt_x, gt_t = self.hess_fn(xb, tb)
+        gi, gt = self.pointwise_grads(xb, tb)
+        return self._finish(x, t, gfull * (bb * gt_x), gfull * (ab * gi_t + bb * gt_t), (ab * gi + bb * gt) * s)
+
+    def _bwd_dx_bprop(self, x, t, g, out, dout):
+        cdt, xb, tb, s, gfull = self._second_order_terms(x, t, g)
+        ab = ops.cast(dout, cdt) + ops.zeros_like(xb)
+        gi_t, _, _ = self.hess_fn(xb, tb)
+        gi, _ = self.pointwise_grads(xb, tb)
+        return self._finish(x, t, ops.zeros_like(xb), gfull * (ab * gi_t), ab * gi * s)
+
+    def _bwd_dt_bprop(self, x, t, g, out, dout):
+        cdt, xb, tb, s, gfull = self._second_order_terms(x, t, g)
+        bb = ops.cast(dout, cdt) + ops.zeros_like(xb)
+        _, gt_x, gt_t = self.hess_fn(xb, tb)
+        _, gt = self.pointwise_grads(xb, tb)
+        return self._finish(x, t, gfull * (bb * gt_x), gfull * (bb * gt_t), bb * gt * s)
 
 
 def _pointwise_grads(log_target):
@@ -142,8 +184,9 @@ class AotBackend(Backend):
     preference = {"CPU": 100, "GPU": 100}
 
     def __init__(self):
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._libs = {}  # device -> (path or None, reason or None)
+        self._cells = {}  # (device, reduction, log_target) -> AotKLDiv
 
     def library(self, device):
         """(path, None) or (None, reason) for ``device``, building once if needed."""
@@ -173,14 +216,32 @@ class AotBackend(Backend):
         fn.restype = ctypes.c_char_p
         return f"{fn().decode()} ({path})"
 
-    def make_op(self, reduction, log_target):
+    def _kernels(self, reduction, log_target):
         device = ms.get_context("device_target")
         path, reason = self.library(device)
         if reason:
             raise RuntimeError(f"For 'kl_div', backend 'aot' cannot run on {device}: {reason}.")
+        key = (device, reduction, log_target)
+        with self._lock:
+            if key not in self._cells:
+                self._cells[key] = AotKLDiv(path, device, reduction, log_target,
+                                            split=_has_symbols(path, ("BwdInput", "BwdTarget"), reduction, log_target))
+            return self._cells[key]
+
+    def make_op(self, reduction, log_target):
         # The forward primitive itself is the op (its bprop is bound to the Cell, which it keeps alive):
         # calling a primitive skips Cell.__call__, which matters for small PyNative calls.
-        return AotKLDiv(path, device, reduction, log_target).fwd
+        return self._kernels(reduction, log_target).fwd
+
+    def make_graph_op(self, reduction, log_target):
+        cell = self._kernels(reduction, log_target)
+        return cell.fwd_graph if cell.fwd_graph is not None else cell.fwd
+
+
+def _has_symbols(path, kinds, reduction, log_target):
+    import ctypes
+    lib = ctypes.CDLL(path)
+    return all(hasattr(lib, symbol(k, reduction, log_target)) for k in kinds)
 
 
 register(AotBackend())

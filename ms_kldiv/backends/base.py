@@ -4,7 +4,7 @@ A backend registers one instance of a ``Backend`` subclass (see ``ms_kldiv.backe
 dispatcher asks it whether it can run on the current device target and, if so, for an op:
 
     op = backend.make_op(reduction, log_target)     # called once per (backend, reduction, log_target, device)
-    out = op(input, target)
+    out = op(input, target)                          # (make_graph_op: the same, for compiled code)
 
 The op receives two Tensors of the same floating dtype (already promoted) whose shapes broadcast (already
 checked). It returns the broadcast-shaped loss for 'none' and a 0-d Tensor otherwise, in that dtype; it
@@ -30,3 +30,10 @@ class Backend:
 
     def make_op(self, reduction, log_target):
         raise NotImplementedError
+
+    def make_graph_op(self, reduction, log_target):
+        """The op for graph mode (GRAPH_MODE Cells, ``ms.jit``); by default the same as ``make_op``.
+
+        A backend may give graph mode an op whose backward is split into parts that the graph compiler drops
+        when their result is unused (the 'aot' backend: one op per gradient)."""
+        return self.make_op(reduction, log_target)

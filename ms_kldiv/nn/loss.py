@@ -2,7 +2,7 @@
 from mindspore import nn
 
 from .. import _validation
-from ..backends import get_op
+from ..backends import compiled, get_op
 from ..functional import promoted_operands
 
 
@@ -54,11 +54,14 @@ class KLDivLoss(nn.Cell):
         self.reduction = reduction
         self.log_target = log_target
         self.backend = backend
-        # Resolved (and the primitive created) once, for the device target set at construction.
+        # Resolved (and the primitives created) once, for the device target set at construction: one op for
+        # PyNative calls and one for compiled graphs (see Backend.make_graph_op).
         self.op = get_op(backend, reduction, log_target)
+        self.graph_op = get_op(backend, reduction, log_target, graph=True)
 
     def construct(self, input, target):
-        return self.op(*promoted_operands(input, target, "KLDivLoss"))
+        op = self.graph_op if compiled(input) else self.op
+        return op(*promoted_operands(input, target, "KLDivLoss"))
 
     def extend_repr(self):
         return f"reduction={self.reduction!r}, log_target={self.log_target}, backend={self.backend!r}"
