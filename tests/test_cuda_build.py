@@ -29,7 +29,7 @@ def abi_symbols():
     assert len(variants) == 8, variants
     names = {"KLDivLibInfo"}
     for red, space in variants:
-        for kind in ("Fwd", "Bwd"):
+        for kind in ("Fwd", "Bwd", "BwdInput", "BwdTarget"):
             fn = f"KLDiv{kind}{red}{space}"
             names |= {fn, fn + "InferShape"}
     return names

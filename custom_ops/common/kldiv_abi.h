@@ -11,10 +11,10 @@
 //
 //   KLDivFwd<R><S>        forward           R in {None, Sum, Mean, Batchmean}, S in {Prob, Log}
 //   KLDivBwd<R><S>        backward (both gradients in one pass)
-//   KLDivBwdInput<R><S>   backward, d/dinput only   } CPU library only (optional: aot.py checks for them).
-//   KLDivBwdTarget<R><S>  backward, d/dtarget only  } Graph mode drops an op whose output is unused, so a
-//                         graph that needs only one gradient (distillation: a fixed teacher) computes
-//                         only that one; d/dinput alone needs no log at all.
+//   KLDivBwdInput<R><S>   backward, d/dinput only   } Graph mode drops an op whose output is unused, so a
+//   KLDivBwdTarget<R><S>  backward, d/dtarget only  } graph that needs only one gradient (distillation: a
+//                         fixed teacher) computes only that one; d/dinput alone needs no log at all.
+//                         (aot.py checks for them, so a library built before they existed still works.)
 //   <Fn>InferShape        C++ shape inference for each symbol (dynamic shapes need it)
 //
 //   S = Prob: target holds probabilities (log_target=False); S = Log: log-probabilities (log_target=True).

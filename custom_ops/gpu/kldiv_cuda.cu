@@ -499,59 +499,64 @@ static int reduce_operand(const T* x, const T* t, const T* dout, T* grad, const 
   return 0;
 }
 
+// want: 1 = dx only (params[3]), 2 = dt only (params[3]), 3 = both (params[3], params[4]); see kldiv_abi.h.
 template <typename T, bool LT>
-static int backward(int reduction, void** params, int* ndims, int64_t** shapes, cudaStream_t stream) {
+static int backward(int want, int reduction, void** params, int* ndims, int64_t** shapes, cudaStream_t stream) {
   const Shape xs{ndims[0], shapes[0]}, tsh{ndims[1], shapes[1]};
   Geometry g;
   if (!make_geometry(xs, tsh, &g)) return 2;
   const T* x = static_cast<const T*>(params[0]);
   const T* t = static_cast<const T*>(params[1]);
   const T* dout = static_cast<const T*>(params[2]);
-  T* dx = static_cast<T*>(params[3]);
-  T* dt = static_cast<T*>(params[4]);
+  T* dx = (want & 1) ? static_cast<T*>(params[3]) : nullptr;
+  T* dt = want == 3 ? static_cast<T*>(params[4]) : want == 2 ? static_cast<T*>(params[3]) : nullptr;
   const double scale = reduction == kNone ? 1.0 : reduction_scale(reduction, g, xs);
   const int64_t nx = xs.numel(), nt = tsh.numel();
   if (g.numel == 0) {
     // Nothing contributes: exact zeros (never 0 * NaN from an empty mean's scale).
-    if (nx) cudaMemsetAsync(dx, 0, sizeof(T) * nx, stream);
-    if (nt) cudaMemsetAsync(dt, 0, sizeof(T) * nt, stream);
+    if (dx && nx) cudaMemsetAsync(dx, 0, sizeof(T) * nx, stream);
+    if (dt && nt) cudaMemsetAsync(dt, 0, sizeof(T) * nt, stream);
     return cudaPeekAtLastError() == cudaSuccess ? 0 : 4;
   }
   const bool bx = operand_broadcast(g, 0), bt = operand_broadcast(g, 1);
   const bool scalar_g = reduction != kNone;
-  if (!bx || !bt) {
-    const bool vec = g.contiguous && aligned16(x) && aligned16(t) && aligned16(dx) && aligned16(dt) &&
-                     (scalar_g || aligned16(dout));
+  const bool write_x = dx && !bx, write_t = dt && !bt;  // stored elementwise; the others are reduced below
+  if (write_x || write_t) {
+    // The 128-bit path stores both gradients; with one wanted the grid-stride loop stores just that one.
+    const bool vec = write_x && write_t && g.contiguous && aligned16(x) && aligned16(t) && aligned16(dx) &&
+                     aligned16(dt) && (scalar_g || aligned16(dout));
     if (scalar_g)
       bwd_elementwise<T, LT, true><<<elementwise_grid(g.numel), kThreads, 0, stream>>>(
-          x, t, dout, dx, dt, g, scale, vec, !bx, !bt);
+          x, t, dout, dx, dt, g, scale, vec, write_x, write_t);
     else
       bwd_elementwise<T, LT, false><<<elementwise_grid(g.numel), kThreads, 0, stream>>>(
-          x, t, dout, dx, dt, g, scale, vec, !bx, !bt);
+          x, t, dout, dx, dt, g, scale, vec, write_x, write_t);
   }
   int rc = 0;
-  if (bx) rc |= scalar_g ? reduce_operand<T, LT, true, false>(x, t, dout, dx, g, scale, stream)
-                         : reduce_operand<T, LT, false, false>(x, t, dout, dx, g, scale, stream);
-  if (bt) rc |= scalar_g ? reduce_operand<T, LT, true, true>(x, t, dout, dt, g, scale, stream)
-                         : reduce_operand<T, LT, false, true>(x, t, dout, dt, g, scale, stream);
+  if (dx && bx) rc |= scalar_g ? reduce_operand<T, LT, true, false>(x, t, dout, dx, g, scale, stream)
+                               : reduce_operand<T, LT, false, false>(x, t, dout, dx, g, scale, stream);
+  if (dt && bt) rc |= scalar_g ? reduce_operand<T, LT, true, true>(x, t, dout, dt, g, scale, stream)
+                               : reduce_operand<T, LT, false, true>(x, t, dout, dt, g, scale, stream);
   if (rc) return rc;
   return cudaPeekAtLastError() == cudaSuccess ? 0 : 4;
 }
 
+// want: 0 = forward, else the backward's gradients (1 dx, 2 dt, 3 both).
 template <bool LT>
-static int dispatch(bool bwd, int reduction, int nparam, void** params, int* ndims, int64_t** shapes,
+static int dispatch(int want, int reduction, int nparam, void** params, int* ndims, int64_t** shapes,
                     const char** dtypes, void* stream) {
-  if (nparam != (bwd ? 5 : 3)) return 1;
+  const bool bwd = want != 0;
+  if (nparam != (!bwd ? 3 : want == 3 ? 5 : 4)) return 1;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const char* d = dtypes[0];
   if (!strcmp(d, "float32"))
-    return bwd ? backward<float, LT>(reduction, params, ndims, shapes, s) : forward<float, LT>(reduction, params, ndims, shapes, s);
+    return bwd ? backward<float, LT>(want, reduction, params, ndims, shapes, s) : forward<float, LT>(reduction, params, ndims, shapes, s);
   if (!strcmp(d, "float64"))
-    return bwd ? backward<double, LT>(reduction, params, ndims, shapes, s) : forward<double, LT>(reduction, params, ndims, shapes, s);
+    return bwd ? backward<double, LT>(want, reduction, params, ndims, shapes, s) : forward<double, LT>(reduction, params, ndims, shapes, s);
   if (!strcmp(d, "float16"))
-    return bwd ? backward<__half, LT>(reduction, params, ndims, shapes, s) : forward<__half, LT>(reduction, params, ndims, shapes, s);
+    return bwd ? backward<__half, LT>(want, reduction, params, ndims, shapes, s) : forward<__half, LT>(reduction, params, ndims, shapes, s);
   if (!strcmp(d, "bfloat16"))
-    return bwd ? backward<__nv_bfloat16, LT>(reduction, params, ndims, shapes, s)
+    return bwd ? backward<__nv_bfloat16, LT>(want, reduction, params, ndims, shapes, s)
                : forward<__nv_bfloat16, LT>(reduction, params, ndims, shapes, s);
   return 1;
 }
@@ -579,11 +584,27 @@ static std::vector<int64_t> broadcast_infer(int nd0, const int64_t* s0, int nd1,
 #define KLDIV_CUDA_EXPORT(R, S, RID, LT)                                                                     \
   KLDIV_DECLARE_KERNEL(KLDivFwd##R##S) {                                                                     \
     (void)extra;                                                                                             \
-    return kldiv::cuda::dispatch<LT>(false, RID, nparam, params, ndims, shapes, dtypes, stream);             \
+    return kldiv::cuda::dispatch<LT>(0, RID, nparam, params, ndims, shapes, dtypes, stream);                 \
   }                                                                                                          \
   KLDIV_DECLARE_KERNEL(KLDivBwd##R##S) {                                                                     \
     (void)extra;                                                                                             \
-    return kldiv::cuda::dispatch<LT>(true, RID, nparam, params, ndims, shapes, dtypes, stream);              \
+    return kldiv::cuda::dispatch<LT>(3, RID, nparam, params, ndims, shapes, dtypes, stream);                 \
+  }                                                                                                          \
+  KLDIV_DECLARE_KERNEL(KLDivBwdInput##R##S) {                                                                \
+    (void)extra;                                                                                             \
+    return kldiv::cuda::dispatch<LT>(1, RID, nparam, params, ndims, shapes, dtypes, stream);                 \
+  }                                                                                                          \
+  KLDIV_DECLARE_KERNEL(KLDivBwdTarget##R##S) {                                                               \
+    (void)extra;                                                                                             \
+    return kldiv::cuda::dispatch<LT>(2, RID, nparam, params, ndims, shapes, dtypes, stream);                 \
+  }                                                                                                          \
+  KLDIV_DECLARE_FWD_INFER(KLDivBwdInput##R##S) {                                                             \
+    (void)extra;                                                                                             \
+    return std::vector<int64_t>(shapes[0], shapes[0] + ndims[0]);                                            \
+  }                                                                                                          \
+  KLDIV_DECLARE_FWD_INFER(KLDivBwdTarget##R##S) {                                                            \
+    (void)extra;                                                                                             \
+    return std::vector<int64_t>(shapes[1], shapes[1] + ndims[1]);                                            \
   }                                                                                                          \
   KLDIV_DECLARE_FWD_INFER(KLDivFwd##R##S) {                                                                  \
     (void)extra;                                                                                             \

@@ -114,6 +114,16 @@ def backward(x, t, dout, reduction, log_target):
     return dx, dt
 
 
+def backward_one(x, t, dout, reduction, log_target, which):
+    """The single-gradient backward (which: 'input' -> d/dinput, 'target' -> d/dtarget)."""
+    import torch
+    grad = torch.empty_like(x if which == "input" else t)
+    sym = f"KLDivBwd{which.capitalize()}{RED_NAMES[reduction]}{'Log' if log_target else 'Prob'}"
+    rc = call(sym, [x.contiguous(), t.contiguous(), dout.contiguous(), grad])
+    assert rc == 0, f"{sym} returned {rc}"
+    return grad
+
+
 def to_f64(tensor):
     import torch
     return tensor.detach().to("cpu", torch.float64).numpy()
