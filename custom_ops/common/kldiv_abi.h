@@ -105,7 +105,74 @@
 
 namespace kldiv {
 enum Reduction : int { kNone = 0, kSum = 1, kMean = 2, kBatchmean = 3 };
+
+// What an exported kernel computes: the forward, or which gradients of the backward (bit 0: d/dinput,
+// bit 1: d/dtarget). It fixes the parameter layout: x, t, then out (forward) or dout and the gradients.
+enum Want : int { kForward = 0, kWantDx = 1, kWantDt = 2, kWantBoth = 3 };
+inline int nparam_for(int want) { return want == kForward ? 3 : want == kWantBoth ? 5 : 4; }
+inline int dx_param(int want) { return (want & kWantDx) ? 3 : -1; }  // -1: not computed
+inline int dt_param(int want) { return want == kWantBoth ? 4 : want == kWantDt ? 3 : -1; }
+
+// Shape inference, host code shared by both libraries. Forward 'none': NumPy broadcast of x and t; an
+// unknown dim (-1) broadcast with 1 stays unknown, with k > 1 it must be k; dynamic rank (-2) stays so.
+inline std::vector<int64_t> broadcast_infer(const int *ndims, int64_t *const *shapes) {
+  for (int i = 0; i < 2; ++i) {
+    if (ndims[i] > 0 && shapes[i][0] == -2) return {-2};
+  }
+  const int nd = ndims[0] > ndims[1] ? ndims[0] : ndims[1];
+  std::vector<int64_t> out(nd);
+  for (int d = 0; d < nd; ++d) {
+    const int ix = d - (nd - ndims[0]), it = d - (nd - ndims[1]);
+    const int64_t a = ix >= 0 ? shapes[0][ix] : 1;
+    const int64_t b = it >= 0 ? shapes[1][it] : 1;
+    out[d] = (a == 1 || (a == -1 && b != 1)) ? b : a;  // equal, b == 1, or a mismatch Python rejected: a
+  }
+  return out;
+}
+
+// The gradient of operand i (0: input, 1: target) has that operand's shape.
+inline std::vector<int64_t> operand_shape(const int *ndims, int64_t *const *shapes, int i) {
+  return std::vector<int64_t>(shapes[i], shapes[i] + ndims[i]);
+}
 }  // namespace kldiv
+
+// Defines every exported symbol of one variant, so both libraries export the same ABI by construction.
+// RUN is the library's entry point, called as RUN<log_target>(want, reduction, nparam, params, ndims,
+// shapes, dtypes, stream).
+#define KLDIV_DEFINE_EXPORTS(RUN, R, S, RID, LT)                                                           \
+  KLDIV_DECLARE_KERNEL(KLDivFwd##R##S) {                                                                   \
+    (void)extra;                                                                                           \
+    return RUN<LT>(kldiv::kForward, RID, nparam, params, ndims, shapes, dtypes, stream);                   \
+  }                                                                                                        \
+  KLDIV_DECLARE_KERNEL(KLDivBwd##R##S) {                                                                   \
+    (void)extra;                                                                                           \
+    return RUN<LT>(kldiv::kWantBoth, RID, nparam, params, ndims, shapes, dtypes, stream);                  \
+  }                                                                                                        \
+  KLDIV_DECLARE_KERNEL(KLDivBwdInput##R##S) {                                                              \
+    (void)extra;                                                                                           \
+    return RUN<LT>(kldiv::kWantDx, RID, nparam, params, ndims, shapes, dtypes, stream);                    \
+  }                                                                                                        \
+  KLDIV_DECLARE_KERNEL(KLDivBwdTarget##R##S) {                                                             \
+    (void)extra;                                                                                           \
+    return RUN<LT>(kldiv::kWantDt, RID, nparam, params, ndims, shapes, dtypes, stream);                    \
+  }                                                                                                        \
+  KLDIV_DECLARE_FWD_INFER(KLDivFwd##R##S) {                                                                \
+    (void)extra;                                                                                           \
+    if (RID != kldiv::kNone) return std::vector<int64_t>();                                                \
+    return kldiv::broadcast_infer(ndims, shapes);                                                          \
+  }                                                                                                        \
+  KLDIV_DECLARE_BWD_INFER(KLDivBwd##R##S) {                                                                \
+    (void)extra;                                                                                           \
+    return {kldiv::operand_shape(ndims, shapes, 0), kldiv::operand_shape(ndims, shapes, 1)};               \
+  }                                                                                                        \
+  KLDIV_DECLARE_FWD_INFER(KLDivBwdInput##R##S) {                                                           \
+    (void)extra;                                                                                           \
+    return kldiv::operand_shape(ndims, shapes, 0);                                                         \
+  }                                                                                                        \
+  KLDIV_DECLARE_FWD_INFER(KLDivBwdTarget##R##S) {                                                          \
+    (void)extra;                                                                                           \
+    return kldiv::operand_shape(ndims, shapes, 1);                                                         \
+  }
 
 KLDIV_EXPORT const char *KLDivLibInfo(void);
 #endif

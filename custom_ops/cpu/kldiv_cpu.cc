@@ -249,11 +249,11 @@ double scale_for(int reduction, int64_t n, int ndx, const int64_t* shx) {
   }
 }
 
-// want: 0 = forward; backward 1 = dx only, 2 = dt only, 3 = both (see kldiv_abi.h).
+// want: kForward, or the backward's gradients (kWantDx / kWantDt / kWantBoth; see kldiv_abi.h).
 int run(int want, int reduction, bool log_target, int nparam, void** params, int* ndims, int64_t** shapes,
         const char** dtypes) {
-  const bool fwd = want == 0;
-  if (nparam != (fwd ? 3 : want == 3 ? 5 : 4) || !params || !ndims || !shapes || !dtypes) return 1;
+  const bool fwd = want == kForward;
+  if (nparam != nparam_for(want) || !params || !ndims || !shapes || !dtypes) return 1;
   const int dtype = parse_dtype(dtypes[0]);
   if (dtype < 0) return 2;
   for (int i = 1; i < nparam; ++i) {
@@ -273,9 +273,9 @@ int run(int want, int reduction, bool log_target, int nparam, void** params, int
   } else if (numel(ndims[io], shapes[io]) != 1) {
     return 4;
   }
-  // The gradient outputs follow dout: dx then dt, or the one that is wanted.
-  if ((want & 1) && numel(ndims[3], shapes[3]) != plan.nx) return 4;
-  if ((want & 2) && numel(ndims[want == 3 ? 4 : 3], shapes[want == 3 ? 4 : 3]) != plan.nt) return 4;
+  const int ix = dx_param(want), it = dt_param(want);
+  if (ix >= 0 && numel(ndims[ix], shapes[ix]) != plan.nx) return 4;
+  if (it >= 0 && numel(ndims[it], shapes[it]) != plan.nt) return 4;
   init_limits();
   Args a;
   a.plan = &plan;
@@ -287,7 +287,7 @@ int run(int want, int reduction, bool log_target, int nparam, void** params, int
   a.t = params[1];
   if (fwd) {
     a.dout = nullptr;
-    a.want = 0;
+    a.want = kForward;
     a.out = params[2];
     a.dx = a.dt = nullptr;
     table()->forward(&a);
@@ -295,35 +295,11 @@ int run(int want, int reduction, bool log_target, int nparam, void** params, int
     a.dout = params[2];
     a.out = nullptr;
     a.want = want;
-    a.dx = (want & 1) ? params[3] : nullptr;
-    a.dt = want == 3 ? params[4] : want == 2 ? params[3] : nullptr;
+    a.dx = ix >= 0 ? params[ix] : nullptr;
+    a.dt = it >= 0 ? params[it] : nullptr;
     table()->backward(&a);
   }
   return 0;
-}
-
-std::vector<int64_t> broadcast_infer(const int* ndims, int64_t* const* shapes) {
-  for (int i = 0; i < 2; ++i) {
-    if (ndims[i] > 0 && shapes[i][0] == -2) return {-2};
-  }
-  const int nd = ndims[0] > ndims[1] ? ndims[0] : ndims[1];
-  std::vector<int64_t> out(nd);
-  for (int d = 0; d < nd; ++d) {
-    const int ix = d - (nd - ndims[0]), it = d - (nd - ndims[1]);
-    const int64_t a = ix >= 0 ? shapes[0][ix] : 1;
-    const int64_t b = it >= 0 ? shapes[1][it] : 1;
-    // -1 is an unknown dim: with 1 it stays unknown, with k > 1 it must be k.
-    if (a == b || b == 1) {
-      out[d] = a;
-    } else if (a == 1) {
-      out[d] = b;
-    } else if (a == -1) {
-      out[d] = b;
-    } else {
-      out[d] = a;
-    }
-  }
-  return out;
 }
 
 }  // namespace
@@ -350,47 +326,19 @@ int threads_for(int64_t work) {
 }  // namespace kldiv
 
 // ------------------------------------------------------------------------------------------ the exports
-#define KLDIV_DEFINE_VARIANT(R, S, RID, LT)                                                                  \
-  KLDIV_DECLARE_KERNEL(KLDivFwd##R##S) {                                                                     \
-    (void)stream;                                                                                            \
-    (void)extra;                                                                                             \
-    return kldiv::cpu::run(0, RID, LT, nparam, params, ndims, shapes, dtypes);                               \
-  }                                                                                                          \
-  KLDIV_DECLARE_KERNEL(KLDivBwd##R##S) {                                                                     \
-    (void)stream;                                                                                            \
-    (void)extra;                                                                                             \
-    return kldiv::cpu::run(3, RID, LT, nparam, params, ndims, shapes, dtypes);                               \
-  }                                                                                                          \
-  KLDIV_DECLARE_KERNEL(KLDivBwdInput##R##S) {                                                                \
-    (void)stream;                                                                                            \
-    (void)extra;                                                                                             \
-    return kldiv::cpu::run(1, RID, LT, nparam, params, ndims, shapes, dtypes);                               \
-  }                                                                                                          \
-  KLDIV_DECLARE_KERNEL(KLDivBwdTarget##R##S) {                                                               \
-    (void)stream;                                                                                            \
-    (void)extra;                                                                                             \
-    return kldiv::cpu::run(2, RID, LT, nparam, params, ndims, shapes, dtypes);                               \
-  }                                                                                                          \
-  KLDIV_DECLARE_FWD_INFER(KLDivBwdInput##R##S) {                                                             \
-    (void)extra;                                                                                             \
-    return std::vector<int64_t>(shapes[0], shapes[0] + ndims[0]);                                            \
-  }                                                                                                          \
-  KLDIV_DECLARE_FWD_INFER(KLDivBwdTarget##R##S) {                                                            \
-    (void)extra;                                                                                             \
-    return std::vector<int64_t>(shapes[1], shapes[1] + ndims[1]);                                            \
-  }                                                                                                          \
-  KLDIV_DECLARE_FWD_INFER(KLDivFwd##R##S) {                                                                  \
-    (void)extra;                                                                                             \
-    if (RID != kldiv::kNone) return std::vector<int64_t>();                                                  \
-    return kldiv::cpu::broadcast_infer(ndims, shapes);                                                       \
-  }                                                                                                          \
-  KLDIV_DECLARE_BWD_INFER(KLDivBwd##R##S) {                                                                  \
-    (void)extra;                                                                                             \
-    return {std::vector<int64_t>(shapes[0], shapes[0] + ndims[0]),                                          \
-            std::vector<int64_t>(shapes[1], shapes[1] + ndims[1])};                                         \
-  }
+namespace kldiv {
+namespace cpu {
+template <bool LT>
+int run_export(int want, int reduction, int nparam, void** params, int* ndims, int64_t** shapes,
+               const char** dtypes, void* stream) {
+  (void)stream;  // CPU: unused
+  return run(want, reduction, LT, nparam, params, ndims, shapes, dtypes);
+}
+}  // namespace cpu
+}  // namespace kldiv
 
-KLDIV_FOR_EACH_VARIANT(KLDIV_DEFINE_VARIANT)
+#define KLDIV_CPU_EXPORTS(R, S, RID, LT) KLDIV_DEFINE_EXPORTS(kldiv::cpu::run_export, R, S, RID, LT)
+KLDIV_FOR_EACH_VARIANT(KLDIV_CPU_EXPORTS)
 
 KLDIV_EXPORT const char* KLDivLibInfo(void) {
   static char info[160];

@@ -499,7 +499,7 @@ static int reduce_operand(const T* x, const T* t, const T* dout, T* grad, const 
   return 0;
 }
 
-// want: 1 = dx only (params[3]), 2 = dt only (params[3]), 3 = both (params[3], params[4]); see kldiv_abi.h.
+// want: which gradients (kWantDx / kWantDt / kWantBoth of kldiv_abi.h, which also gives their params).
 template <typename T, bool LT>
 static int backward(int want, int reduction, void** params, int* ndims, int64_t** shapes, cudaStream_t stream) {
   const Shape xs{ndims[0], shapes[0]}, tsh{ndims[1], shapes[1]};
@@ -508,8 +508,8 @@ static int backward(int want, int reduction, void** params, int* ndims, int64_t*
   const T* x = static_cast<const T*>(params[0]);
   const T* t = static_cast<const T*>(params[1]);
   const T* dout = static_cast<const T*>(params[2]);
-  T* dx = (want & 1) ? static_cast<T*>(params[3]) : nullptr;
-  T* dt = want == 3 ? static_cast<T*>(params[4]) : want == 2 ? static_cast<T*>(params[3]) : nullptr;
+  T* dx = dx_param(want) >= 0 ? static_cast<T*>(params[dx_param(want)]) : nullptr;
+  T* dt = dt_param(want) >= 0 ? static_cast<T*>(params[dt_param(want)]) : nullptr;
   const double scale = reduction == kNone ? 1.0 : reduction_scale(reduction, g, xs);
   const int64_t nx = xs.numel(), nt = tsh.numel();
   if (g.numel == 0) {
@@ -541,12 +541,12 @@ static int backward(int want, int reduction, void** params, int* ndims, int64_t*
   return cudaPeekAtLastError() == cudaSuccess ? 0 : 4;
 }
 
-// want: 0 = forward, else the backward's gradients (1 dx, 2 dt, 3 both).
+// want: kForward, or the backward's gradients (kldiv_abi.h).
 template <bool LT>
 static int dispatch(int want, int reduction, int nparam, void** params, int* ndims, int64_t** shapes,
                     const char** dtypes, void* stream) {
-  const bool bwd = want != 0;
-  if (nparam != (!bwd ? 3 : want == 3 ? 5 : 4)) return 1;
+  const bool bwd = want != kForward;
+  if (nparam != nparam_for(want)) return 1;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const char* d = dtypes[0];
   if (!strcmp(d, "float32"))
@@ -561,62 +561,11 @@ static int dispatch(int want, int reduction, int nparam, void** params, int* ndi
   return 1;
 }
 
-static std::vector<int64_t> broadcast_infer(int nd0, const int64_t* s0, int nd1, const int64_t* s1) {
-  if ((nd0 > 0 && s0[0] == -2) || (nd1 > 0 && s1[0] == -2)) return {-2};
-  const int n = nd0 > nd1 ? nd0 : nd1;
-  std::vector<int64_t> out(n, 1);
-  for (int d = n - 1; d >= 0; --d) {
-    const int i0 = d - (n - nd0), i1 = d - (n - nd1);
-    const int64_t a = i0 >= 0 ? s0[i0] : 1, b = i1 >= 0 ? s1[i1] : 1;
-    if (a == 1) out[d] = b;
-    else if (b == 1) out[d] = a;
-    else if (a == -1) out[d] = b;
-    else if (b == -1) out[d] = a;
-    else out[d] = a;  // equal, or a mismatch Python has already rejected
-  }
-  return out;
-}
-
 }  // namespace cuda
 }  // namespace kldiv
 
 // ---------------------------------------------------------------------------------------------- exports
-#define KLDIV_CUDA_EXPORT(R, S, RID, LT)                                                                     \
-  KLDIV_DECLARE_KERNEL(KLDivFwd##R##S) {                                                                     \
-    (void)extra;                                                                                             \
-    return kldiv::cuda::dispatch<LT>(0, RID, nparam, params, ndims, shapes, dtypes, stream);                 \
-  }                                                                                                          \
-  KLDIV_DECLARE_KERNEL(KLDivBwd##R##S) {                                                                     \
-    (void)extra;                                                                                             \
-    return kldiv::cuda::dispatch<LT>(3, RID, nparam, params, ndims, shapes, dtypes, stream);                 \
-  }                                                                                                          \
-  KLDIV_DECLARE_KERNEL(KLDivBwdInput##R##S) {                                                                \
-    (void)extra;                                                                                             \
-    return kldiv::cuda::dispatch<LT>(1, RID, nparam, params, ndims, shapes, dtypes, stream);                 \
-  }                                                                                                          \
-  KLDIV_DECLARE_KERNEL(KLDivBwdTarget##R##S) {                                                               \
-    (void)extra;                                                                                             \
-    return kldiv::cuda::dispatch<LT>(2, RID, nparam, params, ndims, shapes, dtypes, stream);                 \
-  }                                                                                                          \
-  KLDIV_DECLARE_FWD_INFER(KLDivBwdInput##R##S) {                                                             \
-    (void)extra;                                                                                             \
-    return std::vector<int64_t>(shapes[0], shapes[0] + ndims[0]);                                            \
-  }                                                                                                          \
-  KLDIV_DECLARE_FWD_INFER(KLDivBwdTarget##R##S) {                                                            \
-    (void)extra;                                                                                             \
-    return std::vector<int64_t>(shapes[1], shapes[1] + ndims[1]);                                            \
-  }                                                                                                          \
-  KLDIV_DECLARE_FWD_INFER(KLDivFwd##R##S) {                                                                  \
-    (void)extra;                                                                                             \
-    if (RID != 0) return {};                                                                                 \
-    return kldiv::cuda::broadcast_infer(ndims[0], shapes[0], ndims[1], shapes[1]);                           \
-  }                                                                                                          \
-  KLDIV_DECLARE_BWD_INFER(KLDivBwd##R##S) {                                                                  \
-    (void)extra;                                                                                             \
-    return {std::vector<int64_t>(shapes[0], shapes[0] + ndims[0]),                                           \
-            std::vector<int64_t>(shapes[1], shapes[1] + ndims[1])};                                          \
-  }
-
+#define KLDIV_CUDA_EXPORT(R, S, RID, LT) KLDIV_DEFINE_EXPORTS(kldiv::cuda::dispatch, R, S, RID, LT)
 KLDIV_FOR_EACH_VARIANT(KLDIV_CUDA_EXPORT)
 
 #define KLDIV_STR2(...) #__VA_ARGS__
