@@ -159,6 +159,7 @@ def test_compiled_tells_pynative_from_graph():
 def test_compiled_code_gets_the_split_backward():
     from ms_kldiv.backends import get_op
     eager, graph = get_op("aot", "sum", False), get_op("aot", "sum", False, graph=True)
+    eager = getattr(eager, "prim", eager)  # on CPU a HostCall around the primitive (tests/test_host_call.py)
     assert eager is not graph
     assert eager.bprop.__name__ == "_fwd_bprop" and graph.bprop.__name__ == "_fwd_bprop_split"
 
