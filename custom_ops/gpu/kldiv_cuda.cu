@@ -165,16 +165,16 @@ __global__ void fwd_sum_partials(const T* __restrict__ x, const T* __restrict__ 
       for (int64_t k = i; k < nv; k += stride) {
         const Vec16<T> a = xv[k], b = tv[k];
 #pragma unroll
-        for (int j = 0; j < V; ++j) acc += (double)loss<C>(to_c(a.v[j]), to_c(b.v[j]), LT);
+        for (int j = 0; j < V; ++j) acc += (double)loss_term<C>(to_c(a.v[j]), to_c(b.v[j]), LT);
       }
       done = nv * V;
     }
-    for (int64_t k = done + i; k < g.numel; k += stride) acc += (double)loss<C>(to_c(x[k]), to_c(t[k]), LT);
+    for (int64_t k = done + i; k < g.numel; k += stride) acc += (double)loss_term<C>(to_c(x[k]), to_c(t[k]), LT);
   } else {
     for (int64_t k = i; k < g.numel; k += stride) {
       int64_t ox, ot;
       offsets(g, k, &ox, &ot);
-      acc += (double)loss<C>(to_c(x[ox]), to_c(t[ot]), LT);
+      acc += (double)loss_term<C>(to_c(x[ox]), to_c(t[ot]), LT);
     }
   }
   acc = block_sum(acc);
