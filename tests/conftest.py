@@ -44,7 +44,7 @@ Data and checking
         ``ms_kldiv.reference``; the ``*_mag`` arrays are the same sums over absolute values, the scale of
         the rounding error of a sum with cancellation.
     ``assert_close(actual, expected, dtype, mag=None, what='')``: NaN/inf positions must match exactly,
-        finite values within ``TOL[dtype] * (|expected| + mag)``.
+        finite values within ``TOL[dtype] * (|expected| + mag)`` plus 4 of the dtype's smallest subnormals.
     ``check_outcomes(results, x, t, log_target, w_none, w_red, dtype, grads=True, x_dtype=None, t_dtype=None)``:
         every value and gradient of ``run``'s result against the reference, plus shapes and dtypes
         (reduced outputs 0-d, gradients shaped and typed like their operands).
@@ -80,6 +80,9 @@ DTYPE_IDS = ("f64", "f32", "f16", "bf16")
 # Relative error allowed, relative to |expected| + the magnitude of the summed terms. Half types are computed
 # in float32 and rounded once on output (and once more where a broadcast gradient is summed back).
 TOL = {ms.float64: 1e-12, ms.float32: 1e-5, ms.float16: 2e-3, ms.bfloat16: 1.6e-2}
+# A result in a dtype's subnormal range has a fixed absolute spacing (its smallest subnormal): no relative
+# tolerance applies there.
+SUBNORMAL_SPACING = {ms.float64: 2.0**-1074, ms.float32: 2.0**-149, ms.float16: 2.0**-24, ms.bfloat16: 2.0**-133}
 
 
 # ----------------------------------------------------------------------------------------------- backends
@@ -207,7 +210,7 @@ def assert_close(actual, expected, dtype, mag=None, what=""):
     fin = ~(nan_e | inf_e)
     assert np.all(np.isfinite(actual[fin])), f"{what}: non-finite where the reference is finite"
     scale = np.abs(expected) if mag is None else np.abs(expected) + np.abs(np.broadcast_to(mag, expected.shape))
-    tol = TOL[dtype] * scale + np.finfo(np.float64).tiny
+    tol = TOL[dtype] * scale + 4 * SUBNORMAL_SPACING[dtype]
     err = np.abs(actual - expected)
     bad = fin & ~(err <= tol)
     if np.any(bad):

@@ -107,6 +107,10 @@ def test_non_contiguous_inputs():
     out = ms_kldiv.kl_div(xs, tv[:, ::2], "none", backend="aot")
     exp = reference(x.astype(np.float32)[:, ::2], t.astype(np.float32).T[:, ::2], "none", False)
     assert_close(to_numpy(out), exp.out, ms.float32, exp.out_mag)
+    for sl in [(slice(3, None),), (slice(1, None), slice(2, None)), (slice(None), 5)]:  # views with an offset
+        out = ms_kldiv.kl_div(xt[sl], xt[sl] * 0 + tt.T[sl], "sum", backend="aot")
+        exp = reference(x.astype(np.float32)[sl], t.astype(np.float32).T[sl], "sum", False)
+        assert_close(to_numpy(out), exp.out, ms.float32, exp.out_mag, what=str(sl))
 
 
 @pytest.mark.parametrize("how", ["grad", "value_and_grad", "cell_grad", "train_step"])

@@ -22,7 +22,9 @@ def main(argv=None):
     ap.add_argument("--rows", default=None, help="row keys to run (default: all); see --list")
     ap.add_argument("--list", action="store_true", help="list the row keys and exit")
     ap.add_argument("--no-torch", action="store_true", help="do not import torch (no torch row, no second OpenMP)")
-    ap.add_argument("--min-time", type=float, default=0.25, help="seconds of repetitions per cell")
+    ap.add_argument("--min-time", type=float, default=0.25, help="seconds of repetitions per row and cell")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="the rows of a cell take turns this many times (drift on a shared machine hits all)")
     ap.add_argument("--stat", choices=("min", "median"), default="min",
                     help="statistic shown (both are in the JSON); min is robust to other load on the machine")
     ap.add_argument("--ref", default="aot", help="row the ratios are taken against")
@@ -65,7 +67,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     results = harness.run(sizes=[_size(s) for s in args.sizes.split(",")], dtypes=args.dtypes.split(","),
                           reductions=args.reductions.split(","), modes=args.modes.split(","), keys=keys,
-                          min_time=args.min_time)
+                          min_time=args.min_time, rounds=args.rounds)
     print(harness.table(results, ref_key=args.ref, stat="ms" if args.stat == "min" else "ms_median"))
     print(f"\n({time.perf_counter() - t0:.0f} s)")
     if args.json:

@@ -39,7 +39,7 @@ def make_data(n, dtype="float32", seed=0):
 
 
 def time_call(fn, min_time=0.25, max_reps=200, warmup=2):
-    """(min, median) seconds per call over repetitions filling ``min_time`` (at least 3)."""
+    """Seconds per call of each repetition, over repetitions filling ``min_time`` (at least 3)."""
     for _ in range(warmup):
         fn()
     times = []
@@ -48,33 +48,59 @@ def time_call(fn, min_time=0.25, max_reps=200, warmup=2):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return float(np.min(times)), float(np.median(times))
+    return times
 
 
 def run(sizes=DEFAULT_SIZES, dtypes=("float32",), reductions=("sum",), modes=("fwd", "grad"), keys=None,
-        min_time=0.25, log=print):
-    """Time every selected row; returns a list of result dicts (``ms`` is None where a row does not apply)."""
+        min_time=0.25, rounds=3, settle=0.05, log=print):
+    """Time every selected row; returns a list of result dicts (``ms`` is None where a row does not apply).
+
+    The rows of one cell (size, dtype, reduction, mode) take turns: ``rounds`` rounds, in each of which every
+    row runs back to back for its share of ``min_time``. On a shared machine whose speed drifts (memory
+    bandwidth taken by neighbours comes and goes over seconds) every row then sees the same slow and fast
+    phases, so the ratios hold better than when each row is timed once, one after the other. Runs of one row
+    stay consecutive, and each turn starts after ``settle`` idle seconds: OpenMP runtimes and MindSpore's
+    pipeline threads busy-wait a while after their work, and a row must not be timed against the previous
+    row's spinning threads."""
     results = []
     selected = [r for r in _ROWS if keys is None or r[0] in keys]
     for dtype in dtypes:
         for reduction in reductions:
             for mode in modes:
                 for n in sizes:
+                    cells = []
                     for key, label, factory in selected:
                         rec = {"row": key, "label": label, "n": int(n), "dtype": dtype, "reduction": reduction,
                                "mode": mode, "ms": None, "ms_median": None, "error": None}
+                        fn = None
                         try:
                             fn = factory(n, dtype, reduction, mode)
-                            if fn is not None:
-                                budget = min_time if n < (8 << 20) else min_time / 2
-                                best, med = time_call(fn, min_time=budget, max_reps=200 if n < (8 << 20) else 10)
-                                rec["ms"], rec["ms_median"] = 1e3 * best, 1e3 * med
                         except Exception as e:  # a row that fails is reported, not fatal
-                            rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+                            rec["error"] = _error(e)
+                        cells.append((rec, fn, []))
+                    big = n >= (8 << 20)
+                    budget = (min_time / 2 if big else min_time) / rounds
+                    max_reps = max(1, (10 if big else 200) // rounds)
+                    for r in range(rounds):
+                        for rec, fn, samples in cells:
+                            if fn is None or rec["error"]:
+                                continue
+                            time.sleep(settle)
+                            try:
+                                samples += time_call(fn, min_time=budget, max_reps=max_reps, warmup=2 if r == 0 else 1)
+                            except Exception as e:
+                                rec["error"] = _error(e)
+                    for rec, fn, samples in cells:
+                        if samples and not rec["error"]:
+                            rec["ms"], rec["ms_median"] = 1e3 * float(np.min(samples)), 1e3 * float(np.median(samples))
                         results.append(rec)
                         if log and rec["error"]:
-                            log(f"  [{key} n={n} {mode}] {rec['error']}")
+                            log(f"  [{rec['row']} n={n} {mode}] {rec['error']}")
     return results
+
+
+def _error(e):
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
 
 
 def _fmt_n(n):
