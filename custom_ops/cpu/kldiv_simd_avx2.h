@@ -4,11 +4,12 @@
 // Why not leave it to `omp simd` + libmvec: the kernels are bound by logf, and libmvec's _ZGVdN8v_logf
 // is an out-of-line call (every live ymm register is spilled around it) with a 3.9 ulp maximum error.
 // The inline log below is 1.55 ulp, and it comes in two flavours, chosen by the vector type:
-//  * F8 (lean): valid for positive normal finite arguments only, no per-vector test. The kernels check
-//    the arguments of a block alongside (LeanLogDomain, 2 instructions per vector) and run the block
-//    again with ExactF8 when a lane is outside that domain;
+//  * F8 (lean): exact for positive normal finite arguments, finite on every other bit pattern, no
+//    per-vector test: targets without mass go in unmasked and their log is multiplied by 0 or selected
+//    away. The kernels check a block's targets alongside (LeanLogDomain, 2-4 instructions per vector) and
+//    run the block again with ExactF8 when a lane's log would be used but is not exact;
 //  * ExactF8: every input as logf defines it (0, negative, subnormal, inf, NaN).
-// The float32 forward got 1.2-1.3x faster per core than with libmvec (docs/cpu_aot.md).
+// The float32 forward is 1.6x faster per core than with libmvec (docs/cpu_aot.md).
 //
 // Included only by isa_avx2.cc, inside that unit's own namespace: these types and functions must never
 // be merged with code compiled without -mavx2.
