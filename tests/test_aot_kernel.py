@@ -54,8 +54,8 @@ def test_broadcast_patterns(mode, log_target, xs, ts):
     check_outcomes(res, xv, tv, log_target, None, None, ms.float32, what=f"{mode} {xs} vs {ts}")
 
 
-# 1, SIMD tails (7, 8, 9, 17), the reduction block (256), the parallel threshold (65536) and chunk grain.
-SIZES = [1, 7, 8, 9, 17, 255, 256, 257, 65535, 65536, 65537, 3 * 32768 + 5]
+# 1, SIMD tails (7, 8, 9, 17), the reduction block (1024; 256 before), the parallel threshold (65536) and chunk grain.
+SIZES = [1, 7, 8, 9, 17, 255, 256, 257, 1023, 1024, 1025, 65535, 65536, 65537, 3 * 32768 + 5]
 
 
 @pytest.mark.parametrize("mode", ["pynative", "graph"])
@@ -324,7 +324,7 @@ def test_sum_is_bitwise_independent_of_thread_count(tmp_path):
 
 # Targets the float32 lean pass must hand to the exact pass, or may leave to its mask: zeros of both signs,
 # negatives, -inf (no mass), subnormals, +inf and NaN of both signs (the gradient uses log(t) itself), spread
-# thinly so that most blocks of 256 stay lean and the rest are redone exactly. 'finite' keeps every sum finite
+# thinly so that about half the blocks of 1024 stay lean and the rest are redone exactly. 'finite' keeps every sum finite
 # (non-finite x only where the target has no mass), so the reductions are checked too, not only NaN positions.
 _NO_MASS = np.array([0.0, -0.0, -1.5, -np.inf], np.float32)
 _SUBNORMAL = np.array([1.1e-38, 5e-39, -1e-40], np.float32)  # t log t stays normal (float32 tolerance)
@@ -334,7 +334,7 @@ _NOT_FINITE = np.concatenate([np.array([np.inf, np.nan], np.float32),
 
 @pytest.mark.parametrize("mode", QUICK_MODES)
 @pytest.mark.parametrize("kind", ["finite", "all"])
-@pytest.mark.parametrize("n", [256 * 7 + 13, 65536 + 40])
+@pytest.mark.parametrize("n", [1024 * 3 + 13, 65536 + 40])
 def test_special_targets_in_lean_and_exact_blocks(mode, kind, n):
     rng = np.random.default_rng(n + (kind == "all"))
     x = (rng.standard_normal(n) - 2).astype(np.float32)
@@ -345,7 +345,7 @@ def test_special_targets_in_lean_and_exact_blocks(mode, kind, n):
     if kind == "all":
         specials.append(_NOT_FINITE)
     specials = np.concatenate(specials)
-    where = rng.choice(n, size=n // 300, replace=False)
+    where = rng.choice(n, size=n // 1500, replace=False)
     t[where] = rng.choice(specials, size=where.size)
     no_mass = np.flatnonzero(~(t > 0) & ~np.isnan(t))
     x[no_mass[::2]] = rng.choice(np.array([np.inf, -np.inf, np.nan], np.float32), size=no_mass[::2].size)
