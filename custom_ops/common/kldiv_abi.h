@@ -136,26 +136,20 @@ inline std::vector<int64_t> operand_shape(const int *ndims, int64_t *const *shap
 }
 }  // namespace kldiv
 
+// One kernel symbol: RUN<log_target>(want, reduction, nparam, params, ndims, shapes, dtypes, stream).
+#define KLDIV_DEFINE_KERNEL(NAME, RUN, WANT, RID, LT)                                                      \
+  KLDIV_DECLARE_KERNEL(NAME) {                                                                             \
+    (void)extra;                                                                                           \
+    return RUN<LT>(WANT, RID, nparam, params, ndims, shapes, dtypes, stream);                              \
+  }
+
 // Defines every exported symbol of one variant, so both libraries export the same ABI by construction.
-// RUN is the library's entry point, called as RUN<log_target>(want, reduction, nparam, params, ndims,
-// shapes, dtypes, stream).
+// RUN is the library's entry point (see KLDIV_DEFINE_KERNEL).
 #define KLDIV_DEFINE_EXPORTS(RUN, R, S, RID, LT)                                                           \
-  KLDIV_DECLARE_KERNEL(KLDivFwd##R##S) {                                                                   \
-    (void)extra;                                                                                           \
-    return RUN<LT>(kldiv::kForward, RID, nparam, params, ndims, shapes, dtypes, stream);                   \
-  }                                                                                                        \
-  KLDIV_DECLARE_KERNEL(KLDivBwd##R##S) {                                                                   \
-    (void)extra;                                                                                           \
-    return RUN<LT>(kldiv::kWantBoth, RID, nparam, params, ndims, shapes, dtypes, stream);                  \
-  }                                                                                                        \
-  KLDIV_DECLARE_KERNEL(KLDivBwdInput##R##S) {                                                              \
-    (void)extra;                                                                                           \
-    return RUN<LT>(kldiv::kWantDx, RID, nparam, params, ndims, shapes, dtypes, stream);                    \
-  }                                                                                                        \
-  KLDIV_DECLARE_KERNEL(KLDivBwdTarget##R##S) {                                                             \
-    (void)extra;                                                                                           \
-    return RUN<LT>(kldiv::kWantDt, RID, nparam, params, ndims, shapes, dtypes, stream);                    \
-  }                                                                                                        \
+  KLDIV_DEFINE_KERNEL(KLDivFwd##R##S, RUN, kldiv::kForward, RID, LT)                                       \
+  KLDIV_DEFINE_KERNEL(KLDivBwd##R##S, RUN, kldiv::kWantBoth, RID, LT)                                      \
+  KLDIV_DEFINE_KERNEL(KLDivBwdInput##R##S, RUN, kldiv::kWantDx, RID, LT)                                   \
+  KLDIV_DEFINE_KERNEL(KLDivBwdTarget##R##S, RUN, kldiv::kWantDt, RID, LT)                                  \
   KLDIV_DECLARE_FWD_INFER(KLDivFwd##R##S) {                                                                \
     (void)extra;                                                                                           \
     if (RID != kldiv::kNone) return std::vector<int64_t>();                                                \

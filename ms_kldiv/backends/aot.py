@@ -87,6 +87,8 @@ class AotKLDiv(nn.Cell):
 
     def __init__(self, lib_path, target, reduction, log_target, split=False):
         super().__init__()
+        self.lib_path = lib_path
+        self.target = target
         self.reduction = reduction
         self.log_target = log_target
         self.hess_fn = _hess_log if log_target else _hess_prob
@@ -235,11 +237,10 @@ class AotBackend(Backend):
         # The forward primitive itself is the op (its bprop is bound to the Cell, which it keeps alive):
         # calling a primitive skips Cell.__call__, which matters for small PyNative calls. On CPU, PyNative
         # calls that autograd does not record call the same kernel directly (HostCall).
-        fwd = self._kernels(reduction, log_target).fwd
-        device = ms.get_context("device_target")
-        if device == "CPU" and HostCall.supported():
-            return HostCall(fwd, self.library(device)[0], symbol("Fwd", reduction, log_target), reduction)
-        return fwd
+        cell = self._kernels(reduction, log_target)
+        if cell.target == "CPU" and HostCall.supported():
+            return HostCall(cell.fwd, cell.lib_path, symbol("Fwd", reduction, log_target), reduction)
+        return cell.fwd
 
     def make_graph_op(self, reduction, log_target):
         cell = self._kernels(reduction, log_target)
@@ -259,7 +260,6 @@ class HostCall:
     the primitive runs instead, so its bprop is recorded. ``MS_KLDIV_HOST_CALL=0`` turns this path off.
     """
 
-    _NAMES = {"float16": b"float16", "bfloat16": b"bfloat16", "float32": b"float32", "float64": b"float64"}
     _executor = None
 
     @classmethod
@@ -278,13 +278,12 @@ class HostCall:
     def __init__(self, prim, lib_path, name, reduction):
         import ctypes
         self.prim = prim
-        self.enabled = True
         self._ct = ctypes
         self._fn = getattr(ctypes.CDLL(lib_path), name)
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 6
         self._none = reduction == "none"
-        self._layouts = {}  # (x shape, t shape, dtype name) -> (out shape, ndims, shapes, dtypes, keep-alive)
+        self._layouts = {}  # (x shape, t shape, dtype) -> (out shape, ndims, shapes, dtypes, keep-alive)
 
     def _layout(self, a, b):
         key = (a.shape, b.shape, a.dtype)  # (dtype.name is slow: a Python property)
@@ -295,7 +294,7 @@ class HostCall:
             dims = [(ct.c_int64 * max(len(s), 1))(*s) for s in (a.shape, b.shape, oshape)]
             shapes = (ct.POINTER(ct.c_int64) * 3)(*[ct.cast(d, ct.POINTER(ct.c_int64)) for d in dims])
             ndims = (ct.c_int * 3)(len(a.shape), len(b.shape), len(oshape))
-            name = self._NAMES[a.dtype.name]
+            name = a.dtype.name.encode()  # the ABI's dtype strings are NumPy's names
             dtypes = (ct.c_char_p * 3)(name, name, name)
             if len(self._layouts) > 256:
                 self._layouts.clear()
@@ -303,7 +302,7 @@ class HostCall:
         return layout
 
     def __call__(self, x, t):
-        if not self.enabled or self._executor.requires_grad():
+        if self._executor.requires_grad():
             return self.prim(x, t)
         a, b = x.asnumpy(), t.asnumpy()
         if not a.flags.c_contiguous:  # (np.ascontiguousarray would also turn a 0-d array into 1-d)
