@@ -322,6 +322,28 @@ def test_sum_is_bitwise_independent_of_thread_count(tmp_path):
     assert outs[0] == outs[1] == outs[2], outs
 
 
+@pytest.mark.parametrize("case", ["all_subnormal", "some_subnormal", "no_positive"])
+def test_float32_sum_lean_check(case):
+    # The lean float32 sum keeps a block with a positive subnormal target only when its total is >= 2^-80, where
+    # the lean log's error on such targets (< 3.4e-33 per block) cannot show (LeanSumCheck). PyNative only: graph
+    # runtimes flush subnormals to zero (see test_float32_log_accuracy_sweep).
+    n = 3 * 1024 + 9
+    rng = np.random.default_rng(11)
+    x = np.zeros(n, np.float32)  # terms t log t: about -9e-38 for t = 1e-39, normal floats
+    if case == "all_subnormal":  # totals ~ -1e-34: only the exact pass gets them right (a lean total: 0.35% off)
+        t = rng.uniform(2e-39, 1.1e-38, n).astype(np.float32)
+    elif case == "some_subnormal":  # totals ~ -300: the lean pass may keep these blocks
+        t = rng.random(n).astype(np.float32)
+        t[rng.choice(n, 40, replace=False)] = np.float32(5e-39)
+    else:  # zeros and negatives only (padding): the total is 0 whatever the input, infinite inputs included
+        t = np.where(rng.random(n) < 0.5, 0.0, -1.0).astype(np.float32)
+        x = rng.choice(np.array([1.0, -np.inf, np.inf, -3.0], np.float32), n)
+    out = to_numpy(run("pynative", "aot", Tensor(x), Tensor(t), False, reductions=("sum",), grads=False)["sum"].out)
+    expected = ref.kl_div(x.astype(np.float64), t.astype(np.float64), "sum", False)
+    assert np.isfinite(expected)
+    np.testing.assert_allclose(out, expected, rtol=1e-6, atol=0)
+
+
 # Targets the float32 lean pass must hand to the exact pass, or may leave to its mask: zeros of both signs,
 # negatives, -inf (no mass), subnormals, +inf and NaN of both signs (the gradient uses log(t) itself), spread
 # thinly so that about half the blocks of 1024 stay lean and the rest are redone exactly. 'finite' keeps every sum finite

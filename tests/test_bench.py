@@ -23,3 +23,17 @@ def test_bench_cuda_option_explains_without_a_gpu(tmp_path):
                           text=True, timeout=300)
     assert proc.returncode in (0, 2), proc.stderr[-2000:]
     assert "CUDA" in proc.stdout or "checkout" in proc.stdout
+
+
+def test_roofline_reads_the_mindspore_rows_buffers():
+    # The roofline must read the very bytes the kernel rows read: on this VM the fused forward's speed from DRAM
+    # depended on where its input buffers landed, the streaming read's did not (docs/cpu_aot.md).
+    import numpy as np
+    from ms_kldiv.bench import harness, rows
+    n = 1 << 12
+    x, t = rows._tensors(n, "float32")
+    xa, ta = rows._tensor_memory(n, "float32")
+    assert xa.ctypes.data == x.asnumpy().ctypes.data and ta.ctypes.data == t.asnumpy().ctypes.data
+    for got, want in zip((xa, ta), harness.make_data(n, "float32")):
+        np.testing.assert_array_equal(got, want)
+    assert rows._tensors(n, "float32")[0] is x  # one set of inputs per cell, shared by its rows

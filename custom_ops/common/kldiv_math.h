@@ -93,6 +93,13 @@ KLDIV_HD C loss_term(C x, C t, bool log_target) {
   return kselect(m, t, C(0)) * (klog(ts) - xs);
 }
 
+// acc + loss_term(x, t, false), for a kernel pass that re-runs a block exactly when its total is not finite
+// (the CPU kernels' lean float32 sums) and whose klog is finite on every bit pattern: only then may the input go
+// unmasked, since a term without mass and an infinite input gives 0 * inf = NaN and sends its block to the exact
+// pass. mass_weight(t) is t with mass, else 0; mul_add(a, b, c) is a * b + c, fused where the type fuses.
+template <typename C>
+KLDIV_HD C accumulate_loss_term(C acc, C x, C t) { return mul_add(mass_weight(t), klog(t) - x, acc); }
+
 // loss(x, t): t * (log t - x), or exp(t) * (t - x) with log_target; +0 without mass.
 template <typename C>
 KLDIV_HD C loss(C x, C t, bool log_target) {

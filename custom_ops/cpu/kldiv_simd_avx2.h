@@ -6,8 +6,9 @@
 // The inline log below is 1.55 ulp, and it comes in two flavours, chosen by the vector type:
 //  * F8 (lean): exact for positive normal finite arguments, finite on every other bit pattern, no
 //    per-vector test: targets without mass go in unmasked and their log is multiplied by 0 or selected
-//    away. The kernels check a block's targets alongside (LeanLogDomain, 2-4 instructions per vector) and
-//    run the block again with ExactF8 when a lane's log would be used but is not exact;
+//    away. The kernels check a block's targets alongside (LeanLogDomain, 3-4 instructions per vector; for
+//    sums LeanSumCheck, one) and run the block again with ExactF8 when a lane's log would be used but is
+//    not exact (or, for sums, could move the total);
 //  * ExactF8: every input as logf defines it (0, negative, subnormal, inf, NaN).
 // The float32 forward is 1.6x faster per core than with libmvec (docs/cpu_aot.md).
 //
@@ -19,6 +20,8 @@
 #include <stdint.h>
 
 #include <math.h>
+
+#include <cmath>
 
 extern "C" __m256 _ZGVdN8v_expf(__m256);  // glibc libmvec
 
@@ -74,6 +77,11 @@ KLDIV_SIMD_T Vec8<E> safe_target(M8 m, Vec8<E> t, bool log_target) {
   return m.inverted ? _mm256_blendv_ps(t.v, c, m.v) : _mm256_blendv_ps(c, t.v, m.v);
 }
 
+// !(t <= 0) ? t : 0 in one instruction where the select takes a compare and an AND: maxps returns its second
+// operand when either is NaN, so a NaN target keeps its mass (-0 gives -0: a zero all the same).
+KLDIV_SIMD_T Vec8<E> mass_weight(Vec8<E> t) { return _mm256_max_ps(_mm256_setzero_ps(), t.v); }
+KLDIV_SIMD_T Vec8<E> mul_add(Vec8<E> a, Vec8<E> b, Vec8<E> c) { return _mm256_fmadd_ps(a.v, b.v, c.v); }
+
 // log(x) for positive normal finite x: x = 2^e * m with m in [2/3, 4/3), log x = e*ln2 + log1p(m - 1),
 // log1p(f) = f + f^2 * Q(f) with Q a degree-7 polynomial fitted for relative error on [-1/3, 1/3]
 // (custom_ops/cpu/tools/fit_logf.py prints these coefficients). Max error 1.55 ulp over every positive
@@ -120,9 +128,8 @@ KLDIV_SIMD_FN __m256 log_any(__m256 x) {
 // raise), and NaN targets. A forward term multiplies its log by t, so a NaN target is NaN anyway and only
 // +NaN is caught (with +inf); a gradient uses the log itself (kNaN): the sign bit is dropped first, so NaN of
 // either sign is caught, and negative subnormals and -inf go to the exact pass too (harmless: rare, and the
-// exact pass is always right). kInf=false leaves +inf/+NaN to the caller: a float32 sum with such a term is
-// not finite, which the kernel checks once per block instead. Two to four instructions per vector.
-template <bool kNaN, bool kInf = true>
+// exact pass is always right). Three or four instructions per vector. (Sums check less: LeanSumCheck.)
+template <bool kNaN>
 struct LeanLogDomain {
   __m256i lo = _mm256_set1_epi32(-1);
   __m256i hi = _mm256_set1_epi32(INT32_MIN);
@@ -130,12 +137,30 @@ struct LeanLogDomain {
     __m256i b = _mm256_castps_si256(x);
     if (kNaN) b = _mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff));
     lo = _mm256_min_epu32(lo, _mm256_sub_epi32(b, _mm256_set1_epi32(1)));
-    if (kInf) hi = _mm256_max_epi32(hi, b);
+    hi = _mm256_max_epi32(hi, b);
   }
   inline bool ok() const {
     const __m256i normal = _mm256_cmpeq_epi32(_mm256_max_epu32(lo, _mm256_set1_epi32(0x7fffff)), lo);
     const __m256i finite = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x7f800000), hi);
     return _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_and_si256(normal, finite))) == 0xff;
+  }
+};
+
+// Whether a lean block total of accumulate_loss_term (kldiv_math.h) stands for the exact pass's, for at most kMaxTerms
+// terms. Non-finite totals (inf/NaN in a target, or an infinite input) never do. The lean log is exact on positive
+// normal targets; on a positive subnormal one it is finite but wrong by at most 282 (|e| <= 256 above, the true log
+// >= -104), so that term is off by at most 282 * FLT_MIN = 3.4e-36. A total of magnitude >= 2^-80 (8.3e-25) is
+// therefore within kMaxTerms * 3.4e-36 / 2^-80 relative of the exact one (4e-9 for 1024 terms: below float32
+// rounding), and a total of a block without any positive target is exact; what is left goes to the exact pass.
+// One max per vector: LeanLogDomain's subtract and min made this loop 14% slower (measured).
+template <int kMaxTerms>
+struct LeanSumCheck {
+  static_assert(kMaxTerms <= 4096, "the 2^-80 threshold is sized for blocks of at most 4096 terms");
+  __m256 top = _mm256_setzero_ps();  // the largest target (a NaN may drop out: it makes the total NaN anyway)
+  inline void add(__m256 t) { top = _mm256_max_ps(top, t); }
+  inline bool ok(float total) const {
+    if (!std::isfinite(total)) return false;
+    return std::fabs(total) >= 0x1p-80f || _mm256_movemask_ps(_mm256_cmp_ps(top, _mm256_setzero_ps(), _CMP_GT_OQ)) == 0;
   }
 };
 

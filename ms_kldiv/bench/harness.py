@@ -78,9 +78,11 @@ def run(sizes=DEFAULT_SIZES, dtypes=("float32",), reductions=("sum",), modes=("f
                         except Exception as e:  # a row that fails is reported, not fatal
                             rec["error"] = _error(e)
                         cells.append((rec, fn, []))
+                    # Large cells: the same time budget, so fast rows still get ~20 samples of which the best
+                    # counts (at 32M one sample of the slowest peer takes 0.3 s: those get the minimum of 3).
                     big = n >= (8 << 20)
-                    budget = (min_time / 2 if big else min_time) / rounds
-                    max_reps = max(1, (10 if big else 200) // rounds)
+                    budget = min_time / rounds
+                    max_reps = max(1, (60 if big else 200) // rounds)
                     for r in range(rounds):
                         for rec, fn, samples in cells:
                             if fn is None or rec["error"]:
