@@ -82,18 +82,18 @@ KLDIV_SIMD_T Vec8<E> safe_target(M8 m, Vec8<E> t, bool log_target) {
 KLDIV_SIMD_T Vec8<E> mass_weight(Vec8<E> t) { return _mm256_max_ps(_mm256_setzero_ps(), t.v); }
 KLDIV_SIMD_T Vec8<E> mul_add(Vec8<E> a, Vec8<E> b, Vec8<E> c) { return _mm256_fmadd_ps(a.v, b.v, c.v); }
 
-// log(x) for positive normal finite x: x = 2^e * z with z in [0.71875, 1.4375), split into 8 intervals by the
-// top 3 bits of z's significand; each has a float c whose log is tabulated, and z = c (1 + r) with |r| <= 1/16,
-// so log x = e*ln2 + log c + log1p(r), log1p(r) = r + r^2 * Q(r) with Q of degree 3. The two tables live in
-// registers (one vpermps each), which leaves 7 multiply/FMA operations where a single polynomial over
-// [-1/3, 1/3) needed 11: 10% faster loops (forward sum, one core, in cache). The interval holding 1 has c = 1
-// exactly (log c = 0, r = z - 1: full relative accuracy near 1) and reaches up to 1.0625, so that next to it
-// |log x| is never much smaller than |r| (r's rounding would otherwise show: 2.35 ulp with the split at
-// 1.0234). Each c is the float near the interval's centre whose log is closest to a float.
-// custom_ops/cpu/tools/fit_logf.py prints the tables and Q. Max error 1.54 ulp over every positive normal
-// float, against float64 (libmvec: 3.9 ulp); tests/test_aot_kernel.py sweeps it. On any other bit pattern (0,
-// negative, subnormal, inf, NaN) the result is wrong but finite: z always lands in [0.71875, 1.4375) and e in
-// [-256, 255], which lets the kernels feed it targets without mass unmasked.
+// log(x) for positive normal finite x: x = 2^e * z with z in [0.71875, 1.4375), split into 8 intervals by the top 3
+// significand bits of bits(x) - bits(0.71875); each has a float c whose log is tabulated, and z = c (1 + r) with
+// |r| <= 1/16, so log x = e*ln2 + log c + log1p(r), log1p(r) = r + r^2 * Q(r) with Q of degree 3. The two tables
+// live in registers (one vpermps each), which leaves 7 multiply/FMA operations where a single polynomial over [-1/3,
+// 1/3) needed 11: 10% faster loops (forward sum, one core, in cache). The interval holding 1 has c = 1 exactly (log
+// c = 0, r = z - 1: full relative accuracy near 1) and reaches up to 1.0625, so that next to it |log x| is never
+// much smaller than |r| (r's rounding would otherwise show: 2.35 ulp with the split at 1.0234). Each c is the float
+// near the interval's centre whose log is closest to a float. custom_ops/cpu/tools/fit_logf.py prints the tables and
+// Q. Max error 1.54 ulp over every positive normal float, against float64 (libmvec: 3.9 ulp);
+// tests/test_aot_kernel.py sweeps it. On any other bit pattern (0, negative, subnormal, inf, NaN) the result is
+// wrong but finite: z always lands in [0.71875, 1.4375) and e in [-256, 255], which lets the kernels feed it targets
+// without mass unmasked.
 KLDIV_SIMD_FN __m256 log_normal(__m256 x) {
   const __m256 inv_c = _mm256_setr_ps(1.3335720300674438f, 1.2309699058532715f, 1.1428059339523315f,
                                       1.0664536952972412f, 1.0f, 0.8888078927993774f, 0.8001205921173096f,
