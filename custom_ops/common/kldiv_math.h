@@ -93,12 +93,18 @@ KLDIV_HD C loss_term(C x, C t, bool log_target) {
   return kselect(m, t, C(0)) * (klog(ts) - xs);
 }
 
-// acc + loss_term(x, t, false), for a kernel pass that re-runs a block exactly when its total is not finite
-// (the CPU kernels' lean float32 sums) and whose klog is finite on every bit pattern: only then may the input go
-// unmasked, since a term without mass and an infinite input gives 0 * inf = NaN and sends its block to the exact
-// pass. mass_weight(t) is t with mass, else 0; mul_add(a, b, c) is a * b + c, fused where the type fuses.
+// log t - x. A vector type may overload it to fold the subtraction into its log (the CPU kernels' lean sums:
+// custom_ops/cpu/kldiv_simd_avx2.h), which costs a rounding or two: only sums use it, never an output element.
 template <typename C>
-KLDIV_HD C accumulate_loss_term(C acc, C x, C t) { return mul_add(mass_weight(t), klog(t) - x, acc); }
+KLDIV_HD C klog_sub(C t, C x) { return klog(t) - x; }
+
+// acc + loss_term(x, t, false), with target and input unmasked, for a kernel pass that re-runs a block exactly
+// unless its total is finite and none of its targets has the sign bit set (the CPU kernels' lean float32 sums,
+// LeanSumCheck), and whose klog is finite on every bit pattern. A target without mass is then +0, and its term
+// 0 * finite = 0; with an infinite input it is 0 * inf = NaN, which sends the block to the exact pass.
+// mul_add(a, b, c) is a * b + c, fused where the type fuses.
+template <typename C>
+KLDIV_HD C accumulate_loss_term(C acc, C x, C t) { return mul_add(t, klog_sub(t, x), acc); }
 
 // loss(x, t): t * (log t - x), or exp(t) * (t - x) with log_target; +0 without mass.
 template <typename C>

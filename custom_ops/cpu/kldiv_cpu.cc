@@ -101,6 +101,8 @@ class Pool {
   }
 
   void loop() {
+    // Named, so that profilers and /proc/<pid>/task show whose time is whose (a thread inherits its creator's name).
+    pthread_setname_np(pthread_self(), "kldiv_pool");
     uint64_t seen = 0;
     std::unique_lock<std::mutex> lk(mu_);
     for (;;) {

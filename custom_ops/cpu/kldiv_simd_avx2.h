@@ -77,43 +77,60 @@ KLDIV_SIMD_T Vec8<E> safe_target(M8 m, Vec8<E> t, bool log_target) {
   return m.inverted ? _mm256_blendv_ps(t.v, c, m.v) : _mm256_blendv_ps(c, t.v, m.v);
 }
 
-// !(t <= 0) ? t : 0 in one instruction where the select takes a compare and an AND: maxps returns its second
-// operand when either is NaN, so a NaN target keeps its mass (-0 gives -0: a zero all the same).
-KLDIV_SIMD_T Vec8<E> mass_weight(Vec8<E> t) { return _mm256_max_ps(_mm256_setzero_ps(), t.v); }
 KLDIV_SIMD_T Vec8<E> mul_add(Vec8<E> a, Vec8<E> b, Vec8<E> c) { return _mm256_fmadd_ps(a.v, b.v, c.v); }
 
-// log(x) for positive normal finite x: x = 2^e * z with z in [0.71875, 1.4375), split into 8 intervals by the top 3
-// significand bits of bits(x) - bits(0.71875); each has a float c whose log is tabulated, and z = c (1 + r) with
+// log(x) for positive normal finite x: x = 2^e * z with z in [0.71875, 1.4375), split into 8 intervals k by the top 3
+// significand bits of bits(x) - bits(0.71875). One arithmetic shift of that difference gives n = 8e + k: vpermps
+// reads k from its low 3 bits, and n * ln2/8 + log_t[k] (log_t[k] = log c - k ln2/8) is e*ln2 + log c, so the
+// same shift serves both. Each interval has a float c whose log is tabulated that way, and z = c (1 + r) with
 // |r| <= 1/16, so log x = e*ln2 + log c + log1p(r), log1p(r) = r + r^2 * Q(r) with Q of degree 3. The two tables
-// live in registers (one vpermps each), which leaves 7 multiply/FMA operations where a single polynomial over [-1/3,
-// 1/3) needed 11: 10% faster loops (forward sum, one core, in cache). The interval holding 1 has c = 1 exactly (log
-// c = 0, r = z - 1: full relative accuracy near 1) and reaches up to 1.0625, so that next to it |log x| is never
-// much smaller than |r| (r's rounding would otherwise show: 2.35 ulp with the split at 1.0234). Each c is the float
-// near the interval's centre whose log is closest to a float. custom_ops/cpu/tools/fit_logf.py prints the tables and
-// Q. Max error 1.54 ulp over every positive normal float, against float64 (libmvec: 3.9 ulp);
+// live in registers (one vpermps each), which leaves 7 multiply/FMA operations where a single polynomial over
+// [-1/3, 1/3) needed 11. The interval holding 1 has c = 1 exactly (the table term is then exactly 0, r = z - 1:
+// full relative accuracy near 1) and reaches up to 1.0625, so that next to it |log x| is never much smaller than
+// |r| (r's rounding would otherwise show: 2.35 ulp with the split at 1.0234). Each other c is the float near the
+// interval's centre for which log c and log_t are closest to floats. custom_ops/cpu/tools/fit_logf.py prints the
+// tables and Q. Max error 1.54 ulp over every positive normal float, against float64 (libmvec: 3.9 ulp);
 // tests/test_aot_kernel.py sweeps it. On any other bit pattern (0, negative, subnormal, inf, NaN) the result is
-// wrong but finite: z always lands in [0.71875, 1.4375) and e in [-256, 255], which lets the kernels feed it targets
-// without mass unmasked.
-KLDIV_SIMD_FN __m256 log_normal(__m256 x) {
-  const __m256 inv_c = _mm256_setr_ps(1.3335720300674438f, 1.2309699058532715f, 1.1428059339523315f,
-                                      1.0664536952972412f, 1.0f, 0.8888078927993774f, 0.8001205921173096f,
+// wrong but finite: z always lands in [0.71875, 1.4375) and n in [-2048, 2047] (|n ln2/8| <= 178), which lets the
+// kernels feed it targets without mass unmasked.
+struct LogParts {
+  __m256 head;  // e*ln2 + log c
+  __m256 r, r2, q;  // log1p(r) = r + r2 * q
+};
+KLDIV_SIMD_FN LogParts log_parts(__m256 x) {
+  const __m256 inv_c = _mm256_setr_ps(1.3335720300674438f, 1.2306362390518188f, 1.1429083347320557f,
+                                      1.0670031309127808f, 1.0f, 0.888969898223877f, 0.7998793721199036f,
                                       0.7273896932601929f);
-  const __m256 log_c = _mm256_setr_ps(-0.28786107897758484f, -0.2078023999929428f, -0.1334865838289261f,
-                                      -0.06433884054422379f, 0.0f, 0.1178741604089737f, 0.22299282252788544f,
-                                      0.31829291582107544f);
+  const __m256 log_t = _mm256_setr_ps(-0.28786107897758484f, -0.2941747009754181f, -0.3068629801273346f,
+                                      -0.3247841000556946f, -0.3465735912322998f, -0.315525084733963f,
+                                      -0.29656603932380676f, -0.2882108688354492f);
   const __m256i ix = _mm256_castps_si256(x);
   const __m256i tmp = _mm256_sub_epi32(ix, _mm256_set1_epi32(0x3f380000));  // bits of 0.71875
-  const __m256 e = _mm256_cvtepi32_ps(_mm256_srai_epi32(tmp, 23));
-  const __m256i k = _mm256_srli_epi32(tmp, 20);  // vpermps reads only the low 3 bits: the interval
+  const __m256i n = _mm256_srai_epi32(tmp, 20);                                // 8e + k
   const __m256 z = _mm256_castsi256_ps(
       _mm256_sub_epi32(ix, _mm256_and_si256(tmp, _mm256_set1_epi32(static_cast<int>(0xff800000u)))));
-  const __m256 r = _mm256_fmsub_ps(z, _mm256_permutevar8x32_ps(inv_c, k), _mm256_set1_ps(1.0f));
-  const __m256 r2 = _mm256_mul_ps(r, r);
-  const __m256 c01 = _mm256_fmadd_ps(_mm256_set1_ps(0.3333419859409332f), r, _mm256_set1_ps(-0.4999997615814209f));
-  const __m256 c23 = _mm256_fmadd_ps(_mm256_set1_ps(0.19644130766391754f), r, _mm256_set1_ps(-0.2505393326282501f));
-  const __m256 q = _mm256_fmadd_ps(c23, r2, c01);  // Estrin: two FMA levels, not three
-  const __m256 hi = _mm256_fmadd_ps(e, _mm256_set1_ps(0.693147180559945f), _mm256_permutevar8x32_ps(log_c, k));
-  return _mm256_add_ps(hi, _mm256_fmadd_ps(r2, q, r));
+  LogParts p;
+  p.head = _mm256_fmadd_ps(_mm256_cvtepi32_ps(n), _mm256_set1_ps(0.08664339780807495f),  // ln2/8
+                           _mm256_permutevar8x32_ps(log_t, n));
+  p.r = _mm256_fmsub_ps(z, _mm256_permutevar8x32_ps(inv_c, n), _mm256_set1_ps(1.0f));
+  p.r2 = _mm256_mul_ps(p.r, p.r);
+  const __m256 c01 = _mm256_fmadd_ps(_mm256_set1_ps(0.3333420157432556f), p.r, _mm256_set1_ps(-0.4999997615814209f));
+  const __m256 c23 = _mm256_fmadd_ps(_mm256_set1_ps(0.19638898968696594f), p.r, _mm256_set1_ps(-0.2505364716053009f));
+  p.q = _mm256_fmadd_ps(c23, p.r2, c01);  // Estrin: two FMA levels, not three
+  return p;
+}
+KLDIV_SIMD_FN __m256 log_normal(__m256 x) {
+  const LogParts p = log_parts(x);
+  return _mm256_add_ps(p.head, _mm256_fmadd_ps(p.r2, p.q, p.r));
+}
+// log(x) - y for the lean sums, whose loops are bound by the vector operations each element takes: y comes off the
+// table term while the polynomial is evaluated, and r joins before the last FMA, which makes the chain shorter than
+// log_normal's and the sum (with LeanSumCheck) 5-10% faster than log_normal(x) - y (one core, in cache). The price is
+// roundings at a larger magnitude: up to 3.8 ulp of max(|log x|, |y|) where log_normal(x) - y has 2.5 (sweeps over
+// every x in [2^-42, 4) for five y; 2.39 ulp of log x for y = 0), so no output element is computed this way.
+KLDIV_SIMD_FN __m256 log_normal_sub(__m256 x, __m256 y) {
+  const LogParts p = log_parts(x);
+  return _mm256_fmadd_ps(p.r2, p.q, _mm256_add_ps(p.r, _mm256_sub_ps(p.head, y)));
 }
 
 // Every input, as logf defines it: subnormals are scaled into the normal range first, then
@@ -156,24 +173,26 @@ struct LeanLogDomain {
 };
 
 // Whether a lean block total of accumulate_loss_term (kldiv_math.h) stands for the exact pass's, for at most kMaxTerms
-// terms. Non-finite totals (inf/NaN in a target, or an infinite input) never do. The lean log is exact on positive
-// normal targets; on a positive subnormal one it is finite but wrong by at most 282 (|e| <= 256 above, the true log
-// >= -104), so that term is off by at most 282 * FLT_MIN = 3.4e-36. A total of magnitude >= 2^-80 (8.3e-25) is
-// therefore within kMaxTerms * 3.4e-36 / 2^-80 relative of the exact one (4e-9 for 1024 terms: below float32
-// rounding), and a total of a block without any positive target is exact; what is left goes to the exact pass.
-// One max per vector: LeanLogDomain's subtract and min made this loop 14% slower (measured).
+// terms. The lean terms weigh each target by itself, so a target with the sign bit set (negative, -0, -NaN) sends the
+// block to the exact pass, which weighs it by 0; so do non-finite totals (inf/NaN in a target, or an infinite input).
+// The lean log is exact on positive normal targets; on a positive subnormal one it is finite but wrong by at most 282
+// (|n ln2/8| <= 178 above, the true log >= -104), so that term is off by at most 282 * FLT_MIN = 3.4e-36. A total of
+// magnitude >= 2^-80 (8.3e-25) is therefore within kMaxTerms * 3.4e-36 / 2^-80 relative of the exact one (4e-9 for 1024
+// terms: below float32 rounding), and a block whose targets are all +0 sums to an exact 0; what is left goes to the
+// exact pass. One unsigned max of the bits per vector covers all of it, and takes the place of masking the weight.
 template <int kMaxTerms>
 struct LeanSumCheck {
   static_assert(kMaxTerms <= 4096, "the 2^-80 threshold is sized for blocks of at most 4096 terms");
-  __m256 top = _mm256_setzero_ps();  // the largest target (a NaN may drop out: it makes the total NaN anyway)
-  inline void add(__m256 t) { top = _mm256_max_ps(top, t); }
+  __m256i top = _mm256_setzero_si256();  // unsigned maximum of the targets' bits: sign bit set when any target's is
+  inline void add(__m256 t) { top = _mm256_max_epu32(top, _mm256_castps_si256(t)); }
   inline bool ok(float total) const {
-    if (!std::isfinite(total)) return false;
-    return std::fabs(total) >= 0x1p-80f || _mm256_movemask_ps(_mm256_cmp_ps(top, _mm256_setzero_ps(), _CMP_GT_OQ)) == 0;
+    if (!std::isfinite(total) || _mm256_movemask_ps(_mm256_castsi256_ps(top)) != 0) return false;
+    return std::fabs(total) >= 0x1p-80f || _mm256_testz_si256(top, top);
   }
 };
 
 KLDIV_SIMD_T Vec8<E> klog(Vec8<E> a) { return E ? log_any(a.v) : log_normal(a.v); }
+KLDIV_SIMD_FN F8 klog_sub(F8 t, F8 x) { return log_normal_sub(t.v, x.v); }
 KLDIV_SIMD_T Vec8<E> kexp(Vec8<E> a) { return _ZGVdN8v_expf(a.v); }
 
 KLDIV_SIMD_FN float hsum(__m256 a) {

@@ -1,5 +1,5 @@
 """Command line: ``python -m ms_kldiv.bench [--sizes 4K,1M] [--dtypes float32] [--reductions sum]
-[--modes fwd,grad] [--rows aot,ops_jit,...] [--no-torch] [--json PATH] [--plot PATH]``."""
+[--modes fwd,grad] [--rows aot,ops_jit,...] [--no-torch] [--paired-ref roofline] [--json PATH] [--plot PATH]``."""
 import argparse
 import os
 import platform
@@ -28,6 +28,9 @@ def main(argv=None):
     ap.add_argument("--stat", choices=("min", "median"), default="min",
                     help="statistic shown (both are in the JSON); min is robust to other load on the machine")
     ap.add_argument("--ref", default="aot", help="row the ratios are taken against")
+    ap.add_argument("--paired-ref", default="roofline",
+                    help="also time --paired-rows in alternating pairs with this row ('' turns it off)")
+    ap.add_argument("--paired-rows", default="aot,aot_jit", help="rows timed in pairs with --paired-ref")
     ap.add_argument("--json", default=None, help="write results as JSON here")
     ap.add_argument("--plot", default=None, help="write a PNG plot here (needs matplotlib)")
     ap.add_argument("--cuda", action="store_true",
@@ -67,7 +70,8 @@ def main(argv=None):
     t0 = time.perf_counter()
     results = harness.run(sizes=[_size(s) for s in args.sizes.split(",")], dtypes=args.dtypes.split(","),
                           reductions=args.reductions.split(","), modes=args.modes.split(","), keys=keys,
-                          min_time=args.min_time, rounds=args.rounds)
+                          min_time=args.min_time, rounds=args.rounds, paired_ref=args.paired_ref or None,
+                          paired_keys=tuple(args.paired_rows.split(",")))
     print(harness.table(results, ref_key=args.ref, stat="ms" if args.stat == "min" else "ms_median"))
     print(f"\n({time.perf_counter() - t0:.0f} s)")
     if args.json:

@@ -51,8 +51,30 @@ def time_call(fn, min_time=0.25, max_reps=200, warmup=2):
     return times
 
 
+def paired_ratios(fn, ref, pairs=40, warmup=2):
+    """Time of ``fn`` over time of ``ref`` in back-to-back pairs, their order alternating (each pair ~2 calls long).
+
+    A pair's two calls see the same phase of a drifting machine; best-of-repetitions per row does not when one
+    call lasts about as long as a phase (at 32M this VM's read takes 6-10 ms and phases last ~10-100 ms), so the
+    ratio of two bests moved between 0.84x and 1.56x from run to run where the pairs' median moved by 0.1-0.2."""
+    for _ in range(warmup):
+        fn()
+        ref()
+    ratios = []
+    for i in range(pairs):
+        first, second = (fn, ref) if i % 2 else (ref, fn)
+        t0 = time.perf_counter()
+        first()
+        t1 = time.perf_counter()
+        second()
+        t2 = time.perf_counter()
+        a, b = (t1 - t0, t2 - t1) if i % 2 else (t2 - t1, t1 - t0)
+        ratios.append(a / b)
+    return ratios
+
+
 def run(sizes=DEFAULT_SIZES, dtypes=("float32",), reductions=("sum",), modes=("fwd", "grad"), keys=None,
-        min_time=0.25, rounds=3, settle=0.05, log=print):
+        min_time=0.25, rounds=3, settle=0.05, paired_ref=None, paired_keys=(), log=print):
     """Time every selected row; returns a list of result dicts (``ms`` is None where a row does not apply).
 
     The rows of one cell (size, dtype, reduction, mode) take turns: ``rounds`` rounds, in each of which every
@@ -61,7 +83,8 @@ def run(sizes=DEFAULT_SIZES, dtypes=("float32",), reductions=("sum",), modes=("f
     phases, so the ratios hold better than when each row is timed once, one after the other. Runs of one row
     stay consecutive, and each turn starts after ``settle`` idle seconds: OpenMP runtimes and MindSpore's
     pipeline threads busy-wait a while after their work, and a row must not be timed against the previous
-    row's spinning threads."""
+    row's spinning threads. With ``paired_ref``, each row in ``paired_keys`` is also timed in alternating pairs with
+    that row (``paired_ratios``); ``paired`` is then the median of the pairs' ratios, ``paired_q`` its quartiles."""
     results = []
     selected = [r for r in _ROWS if keys is None or r[0] in keys]
     for dtype in dtypes:
@@ -92,6 +115,18 @@ def run(sizes=DEFAULT_SIZES, dtypes=("float32",), reductions=("sum",), modes=("f
                                 samples += time_call(fn, min_time=budget, max_reps=max_reps, warmup=2 if r == 0 else 1)
                             except Exception as e:
                                 rec["error"] = _error(e)
+                    ref_fn = next((fn for rec, fn, _ in cells if rec["row"] == paired_ref and not rec["error"]), None)
+                    for rec, fn, samples in cells:
+                        if ref_fn is None or fn is None or rec["error"] or rec["row"] not in paired_keys:
+                            continue
+                        time.sleep(settle)
+                        try:
+                            ratios = paired_ratios(fn, ref_fn)
+                            rec["paired_ref"] = paired_ref
+                            rec["paired"] = float(np.median(ratios))
+                            rec["paired_q"] = [float(q) for q in np.percentile(ratios, [25, 75])]
+                        except Exception as e:
+                            rec["error"] = _error(e)
                     for rec, fn, samples in cells:
                         if samples and not rec["error"]:
                             rec["ms"], rec["ms_median"] = 1e3 * float(np.min(samples)), 1e3 * float(np.median(samples))
@@ -154,6 +189,19 @@ def table(results, ref_key="aot", ratio_keys=None, stat="ms"):
                     vals.append("-" if not a or not b else f"{a / b:.3g}x")
                 if any(v != "-" for v in vals):
                     out.append(f"| {labels[k]} | " + " | ".join(vals) + " |")
+        paired = {(r["row"], r["n"]): r for r in rs if r.get("paired")}
+        if paired:
+            ref = next(iter(paired.values()))["paired_ref"]
+            out.append(f"\npaired with {labels.get(ref, ref)}: median of the time ratios of 40 back-to-back pairs "
+                       "(quartiles), which cancels the machine's drift:\n")
+            out.append("| row | " + " | ".join(_fmt_n(n) for n in sizes) + " |")
+            out.append("|---|" + "---:|" * len(sizes))
+            for k in keys:
+                vals = [paired.get((k, n)) for n in sizes]
+                if any(vals):
+                    out.append(f"| {labels[k]} | " + " | ".join(
+                        "-" if not v else f"{v['paired']:.3g}x ({v['paired_q'][0]:.3g}-{v['paired_q'][1]:.3g})"
+                        for v in vals) + " |")
     return "\n".join(out)
 
 
