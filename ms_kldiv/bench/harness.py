@@ -125,6 +125,7 @@ def run(sizes=DEFAULT_SIZES, dtypes=("float32",), reductions=("sum",), modes=("f
                             rec["paired_ref"] = paired_ref
                             rec["paired"] = float(np.median(ratios))
                             rec["paired_q"] = [float(q) for q in np.percentile(ratios, [25, 75])]
+                            rec["paired_pairs"] = len(ratios)
                         except Exception as e:
                             rec["error"] = _error(e)
                     for rec, fn, samples in cells:
@@ -191,9 +192,10 @@ def table(results, ref_key="aot", ratio_keys=None, stat="ms"):
                     out.append(f"| {labels[k]} | " + " | ".join(vals) + " |")
         paired = {(r["row"], r["n"]): r for r in rs if r.get("paired")}
         if paired:
-            ref = next(iter(paired.values()))["paired_ref"]
-            out.append(f"\npaired with {labels.get(ref, ref)}: median of the time ratios of 40 back-to-back pairs "
-                       "(quartiles), which cancels the machine's drift:\n")
+            first = next(iter(paired.values()))
+            ref = first["paired_ref"]
+            out.append(f"\npaired with {labels.get(ref, ref)}: median of the time ratios of {first['paired_pairs']} "
+                       "back-to-back pairs (quartiles), which cancels the machine's drift:\n")
             out.append("| row | " + " | ".join(_fmt_n(n) for n in sizes) + " |")
             out.append("|---|" + "---:|" * len(sizes))
             for k in keys:
