@@ -7,7 +7,7 @@ import sys
 def test_bench_cli_smoke(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, "-m", "ms_kldiv.bench", "--sizes", "4K", "--modes", "fwd,grad", "--no-torch",
-           "--rows", "aot_jit,composite_jit,akg_jit,ops_jit,roofline", "--min-time", "0.01", "--json", str(out)]
+           "--rows", "aot_jit,aot_kernel,composite_jit,akg_jit,ops_jit,roofline", "--min-time", "0.01", "--json", str(out)]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ms_kldiv aot (ms.jit)" in proc.stdout and "mindspore ops.kl_div (ms.jit)" in proc.stdout
@@ -15,9 +15,10 @@ def test_bench_cli_smoke(tmp_path):
     text = json.dumps(data)
     for label in ("ms_kldiv aot (ms.jit)", "ms_kldiv akg (ms.jit)", "stream read (C++, same threads)"):
         assert label in text
-    # aot_jit (a default paired row) was also timed in pairs with the streaming read, forward only
+    # aot_jit and the kernel alone (default paired rows) were also timed in pairs with the streaming read, forward only
     paired = {(r["row"], r["mode"]): r.get("paired") for r in data["results"]}
     assert paired[("aot_jit", "fwd")] > 0 and paired[("aot_jit", "grad")] is None
+    assert paired[("aot_kernel", "fwd")] > 0 and paired.get(("aot_kernel", "grad")) is None
     assert paired[("composite_jit", "fwd")] is None
     assert "paired with stream read" in proc.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json"]
@@ -44,22 +45,61 @@ def test_roofline_reads_the_mindspore_rows_buffers():
     assert rows._tensors(n, "float32")[0] is x  # one set of inputs per cell, shared by its rows
 
 
-def test_paired_ratios_alternate_and_pair_each_call_with_its_neighbour(monkeypatch):
-    # A fake clock: fn takes 3 units, ref 2, and a slow phase doubles both for the calls made while it lasts. Each
-    # pair's ratio must still be 1.5, whichever runs first: the pairing is what cancels the drift.
+def _fake_clock(monkeypatch, slow_from, slow_to):
+    """A fake perf_counter and a maker of calls that advance it by their cost, doubled for the calls made while a
+    slow phase lasts (the calls numbered slow_from to slow_to - 1); returns (make, calls made so far)."""
     from ms_kldiv.bench import harness
     clock = [0.0]
     calls = []
 
     def make(name, cost):
         def f():
-            slow = 2.0 if 10 <= len(calls) < 30 else 1.0
+            slow = 2.0 if slow_from <= len(calls) < slow_to else 1.0
             calls.append(name)
             clock[0] += cost * slow
         return f
 
     monkeypatch.setattr(harness.time, "perf_counter", lambda: clock[0])
+    return make, calls
+
+
+def test_paired_ratios_alternate_and_pair_each_call_with_its_neighbour(monkeypatch):
+    # fn takes 3 units, ref 2, and a slow phase doubles both for the calls made while it lasts. Each pair's ratio
+    # must still be 1.5, whichever runs first: the pairing is what cancels the drift.
+    from ms_kldiv.bench import harness
+    make, calls = _fake_clock(monkeypatch, 10, 30)
     ratios = harness.paired_ratios(make("fn", 3.0), make("ref", 2.0), pairs=20, warmup=1)
     assert ratios == [1.5] * 20
     timed = calls[2:]  # after the warm-up pair
     assert timed[:4] == ["ref", "fn", "fn", "ref"]  # the order alternates
+
+
+def test_kernel_row_computes_the_loss_on_the_mindspore_rows_buffers():
+    # The kernel-alone row times the forward the aot rows run, on their buffers: same symbol, same inputs, the
+    # same value as the float64 reference (and as ms_kldiv.kl_div through MindSpore, bit for bit).
+    import numpy as np
+    import ms_kldiv
+    from ms_kldiv import reference
+    from ms_kldiv.bench import rows
+    n = 3 << 12
+    for reduction in ("sum", "none"):
+        step = rows.kernel_factory(n, "float32", reduction, "fwd")
+        got = step()
+        xa, ta = rows._tensor_memory(n, "float32")
+        want = reference.kl_div(xa.astype(np.float64), ta.astype(np.float64), reduction=reduction)
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
+        x, t = rows._tensors(n, "float32")
+        np.testing.assert_array_equal(got, ms_kldiv.kl_div(x, t, reduction=reduction, backend="aot").asnumpy())
+    assert rows.kernel_factory(n, "float32", "sum", "grad") is None
+    assert rows.kernel_factory(n, "bfloat16", "sum", "fwd") is None
+
+
+def test_paired_rows_take_turns_pair_by_pair(monkeypatch):
+    # Two rows paired with one reference: pair i of each row comes before pair i + 1 of either, so both see the
+    # same phases (here a slow phase doubling every call made while it lasts) and keep their own exact ratios.
+    from ms_kldiv.bench import harness
+    make, calls = _fake_clock(monkeypatch, 8, 20)
+    r1, r2 = harness.paired_ratios_many([make("a", 3.0), make("b", 4.0)], make("ref", 2.0), pairs=6, warmup=1)
+    assert r1 == [1.5] * 6 and r2 == [2.0] * 6
+    timed = calls[4:]  # after the warm-up: a, ref, b, ref
+    assert timed[:8] == ["ref", "a", "ref", "b", "a", "ref", "b", "ref"]

@@ -304,7 +304,10 @@ class HostCall:
     def __call__(self, x, t):
         if self._executor.requires_grad():
             return self.prim(x, t)
-        a, b = x.asnumpy(), t.asnumpy()
+        return ms.Tensor.from_numpy(self.run(x.asnumpy(), t.asnumpy()))
+
+    def run(self, a, b):
+        """The kernel on two NumPy arrays of one dtype (validated by the caller); returns the output array."""
         if not a.flags.c_contiguous:  # (np.ascontiguousarray would also turn a 0-d array into 1-d)
             a = a.copy()
         if not b.flags.c_contiguous:
@@ -314,7 +317,7 @@ class HostCall:
         params = (self._ct.c_void_p * 3)(a.ctypes.data, b.ctypes.data, out.ctypes.data)
         if self._fn(3, params, ndims, shapes, dtypes, None, None) != 0:
             raise RuntimeError(f"For 'kl_div', the CPU kernel rejected shapes {a.shape}, {b.shape} ({a.dtype}).")
-        return ms.Tensor.from_numpy(out)
+        return out
 
 
 def _has_symbols(path, kinds, reduction, log_target):

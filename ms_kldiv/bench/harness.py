@@ -57,19 +57,29 @@ def paired_ratios(fn, ref, pairs=40, warmup=2):
     A pair's two calls see the same phase of a drifting machine; best-of-repetitions per row does not when one
     call lasts about as long as a phase (at 32M this VM's read takes 6-10 ms and phases last ~10-100 ms), so the
     ratio of two bests moved between 0.84x and 1.56x from run to run where the pairs' median moved by 0.1-0.2."""
+    return paired_ratios_many([fn], ref, pairs, warmup)[0]
+
+
+def paired_ratios_many(fns, ref, pairs=40, warmup=2):
+    """``paired_ratios`` for several rows at once, their pairs taking turns: pair i of every row comes before pair
+    i + 1 of any. The ratio itself depends on the phase (a fused pass keeps up with a read less well while memory
+    is fast), so rows paired one after the other could differ by the phase alone; taking turns, they see the same
+    phases, and the differences between their ratios are their own."""
     for _ in range(warmup):
-        fn()
-        ref()
-    ratios = []
+        for fn in fns:
+            fn()
+            ref()
+    ratios = [[] for _ in fns]
     for i in range(pairs):
-        first, second = (fn, ref) if i % 2 else (ref, fn)
-        t0 = time.perf_counter()
-        first()
-        t1 = time.perf_counter()
-        second()
-        t2 = time.perf_counter()
-        a, b = (t1 - t0, t2 - t1) if i % 2 else (t2 - t1, t1 - t0)
-        ratios.append(a / b)
+        for fn, out in zip(fns, ratios):
+            first, second = (fn, ref) if i % 2 else (ref, fn)
+            t0 = time.perf_counter()
+            first()
+            t1 = time.perf_counter()
+            second()
+            t2 = time.perf_counter()
+            a, b = (t1 - t0, t2 - t1) if i % 2 else (t2 - t1, t1 - t0)
+            out.append(a / b)
     return ratios
 
 
@@ -84,7 +94,8 @@ def run(sizes=DEFAULT_SIZES, dtypes=("float32",), reductions=("sum",), modes=("f
     stay consecutive, and each turn starts after ``settle`` idle seconds: OpenMP runtimes and MindSpore's
     pipeline threads busy-wait a while after their work, and a row must not be timed against the previous
     row's spinning threads. With ``paired_ref``, each row in ``paired_keys`` is also timed in alternating pairs with
-    that row (``paired_ratios``); ``paired`` is then the median of the pairs' ratios, ``paired_q`` its quartiles."""
+    that row, the rows' pairs taking turns (``paired_ratios_many``); ``paired`` is then the median of the pairs' ratios,
+    ``paired_q`` its quartiles."""
     results = []
     selected = [r for r in _ROWS if keys is None or r[0] in keys]
     for dtype in dtypes:
@@ -116,18 +127,21 @@ def run(sizes=DEFAULT_SIZES, dtypes=("float32",), reductions=("sum",), modes=("f
                             except Exception as e:
                                 rec["error"] = _error(e)
                     ref_fn = next((fn for rec, fn, _ in cells if rec["row"] == paired_ref and not rec["error"]), None)
-                    for rec, fn, samples in cells:
-                        if ref_fn is None or fn is None or rec["error"] or rec["row"] not in paired_keys:
-                            continue
+                    paired = [(rec, fn) for rec, fn, _ in cells
+                              if ref_fn is not None and fn is not None and not rec["error"] and rec["row"] in paired_keys]
+                    if paired:
                         time.sleep(settle)
                         try:
-                            ratios = paired_ratios(fn, ref_fn)
-                            rec["paired_ref"] = paired_ref
-                            rec["paired"] = float(np.median(ratios))
-                            rec["paired_q"] = [float(q) for q in np.percentile(ratios, [25, 75])]
-                            rec["paired_pairs"] = len(ratios)
-                        except Exception as e:
-                            rec["error"] = _error(e)
+                            for (rec, _), ratios in zip(paired, paired_ratios_many([fn for _, fn in paired], ref_fn)):
+                                rec["paired_ref"] = paired_ref
+                                rec["paired"] = float(np.median(ratios))
+                                rec["paired_q"] = [float(q) for q in np.percentile(ratios, [25, 75])]
+                                rec["paired_pairs"] = len(ratios)
+                        except Exception as e:  # the rows' best-of numbers from the rounds stand
+                            for rec, _ in paired:
+                                rec["paired_error"] = _error(e)
+                            if log:
+                                log(f"  [paired n={n} {mode}] {_error(e)}")
                     for rec, fn, samples in cells:
                         if samples and not rec["error"]:
                             rec["ms"], rec["ms_median"] = 1e3 * float(np.min(samples)), 1e3 * float(np.median(samples))
@@ -195,7 +209,8 @@ def table(results, ref_key="aot", ratio_keys=None, stat="ms"):
             first = next(iter(paired.values()))
             ref = first["paired_ref"]
             out.append(f"\npaired with {labels.get(ref, ref)}: median of the time ratios of {first['paired_pairs']} "
-                       "back-to-back pairs (quartiles), which cancels the machine's drift:\n")
+                       "back-to-back pairs (quartiles), which cancels the machine's drift; the rows' pairs take "
+                       "turns, so the rows see the same phases:\n")
             out.append("| row | " + " | ".join(_fmt_n(n) for n in sizes) + " |")
             out.append("|---|" + "---:|" * len(sizes))
             for k in keys:

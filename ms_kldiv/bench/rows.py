@@ -105,6 +105,22 @@ def roofline_factory(n, dtype, reduction, mode):
     return lambda: fn(x.ctypes.data, t.ctypes.data, n)
 
 
+def kernel_factory(n, dtype, reduction, mode):
+    """The aot forward kernel alone: the exported symbol called through ctypes on the MindSpore rows' buffers, as
+    the PyNative host call does, without MindSpore's call around it. With the roofline it splits the aot rows'
+    time into what the kernel takes and what MindSpore's call adds."""
+    if mode != "fwd" or dtype == "bfloat16":  # (bfloat16: no NumPy dtype to hand the kernel its own buffers)
+        return None
+    from ms_kldiv.backends import get as get_backend
+    from ms_kldiv.backends.aot import HostCall, symbol
+    path, reason = get_backend("aot", "CPU").library("CPU")
+    if reason:
+        raise RuntimeError(reason)
+    call = HostCall(None, path, symbol("Fwd", reduction, False), reduction)
+    x, t = _tensor_memory(n, dtype)
+    return lambda: call.run(x, t)
+
+
 def numpy_read_factory(n, dtype, reduction, mode):
     """Single-threaded NumPy sum over the same bytes, a second reading of the roofline."""
     if mode != "fwd":
@@ -137,5 +153,6 @@ def register_default_rows(with_torch=True):
             add_row("torch", "torch F.kl_div", torch_factory)
         except ImportError:
             pass
+    add_row("aot_kernel", "ms_kldiv aot kernel alone (ctypes)", kernel_factory)
     add_row("roofline", "stream read (C++, same threads)", roofline_factory)
     add_row("numpy_read", "stream read (numpy sum, 1 thread)", numpy_read_factory)
