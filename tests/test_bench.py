@@ -103,3 +103,32 @@ def test_paired_rows_take_turns_pair_by_pair(monkeypatch):
     assert r1 == [1.5] * 6 and r2 == [2.0] * 6
     timed = calls[4:]  # after the warm-up: a, ref, b, ref
     assert timed[:8] == ["ref", "a", "ref", "b", "a", "ref", "b", "ref"]
+
+
+def test_a_row_failing_in_its_pairs_keeps_its_rounds(monkeypatch):
+    # A row that fails only while paired keeps the best-of numbers of its rounds; the failure is reported.
+    from ms_kldiv.bench import harness
+    monkeypatch.setattr(harness, "_ROWS", [])
+    pairing = {"on": False}
+    paired_ratios_many = harness.paired_ratios_many
+
+    def pairing_now(*args, **kwargs):
+        pairing["on"] = True
+        return paired_ratios_many(*args, **kwargs)
+
+    monkeypatch.setattr(harness, "paired_ratios_many", pairing_now)
+
+    def flaky(n, dtype, reduction, mode):
+        def step():
+            if pairing["on"]:
+                raise ValueError("gone")
+        return step
+
+    harness.add_row("flaky", "flaky row", flaky)
+    harness.add_row("ref", "reference row", lambda n, dtype, reduction, mode: (lambda: None))
+    logged = []
+    res = harness.run(sizes=(8,), modes=("fwd",), min_time=0.0, rounds=2, settle=0.0, paired_ref="ref",
+                      paired_keys=("flaky",), log=logged.append)
+    rec = next(r for r in res if r["row"] == "flaky")
+    assert rec["error"] is None and rec["ms"] is not None and "paired" not in rec
+    assert "gone" in rec["paired_error"] and any("gone" in m for m in logged)
