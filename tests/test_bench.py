@@ -18,7 +18,7 @@ def test_bench_cli_smoke(tmp_path):
     # aot_jit and the kernel alone (default paired rows) were also timed in pairs with the streaming read, forward only
     paired = {(r["row"], r["mode"]): r.get("paired") for r in data["results"]}
     assert paired[("aot_jit", "fwd")] > 0 and paired[("aot_jit", "grad")] is None
-    assert paired[("aot_kernel", "fwd")] > 0 and paired.get(("aot_kernel", "grad")) is None
+    assert paired[("aot_kernel", "fwd")] > 0 and paired[("aot_kernel", "grad")] is None
     assert paired[("composite_jit", "fwd")] is None
     assert "paired with stream read" in proc.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json"]

@@ -89,16 +89,21 @@ def torch_factory(n, dtype, reduction, mode):
     return step
 
 
+def _cpu_library():
+    """Path of the CPU kernel library (built once if needed); a row that needs it fails with the reason it is missing."""
+    from ms_kldiv.backends import get as get_backend
+    path, reason = get_backend("aot", "CPU").library("CPU")
+    if reason:
+        raise RuntimeError(reason)
+    return path
+
+
 def roofline_factory(n, dtype, reduction, mode):
     """Time to read the bytes a fused forward must read, with the library's own threads (float32 only)."""
     if mode != "fwd" or dtype != "float32":
         return None
     import ctypes
-    from ms_kldiv.backends import get as get_backend
-    path, reason = get_backend("aot", "CPU").library("CPU")
-    if reason:
-        raise RuntimeError(reason)
-    fn = ctypes.CDLL(path).KLDivStreamRead
+    fn = ctypes.CDLL(_cpu_library()).KLDivStreamRead
     fn.restype = ctypes.c_double
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     x, t = _tensor_memory(n, "float32")
@@ -111,12 +116,8 @@ def kernel_factory(n, dtype, reduction, mode):
     time into what the kernel takes and what MindSpore's call adds."""
     if mode != "fwd" or dtype == "bfloat16":  # (bfloat16: no NumPy dtype to hand the kernel its own buffers)
         return None
-    from ms_kldiv.backends import get as get_backend
     from ms_kldiv.backends.aot import HostCall, symbol
-    path, reason = get_backend("aot", "CPU").library("CPU")
-    if reason:
-        raise RuntimeError(reason)
-    call = HostCall(None, path, symbol("Fwd", reduction, False), reduction)
+    call = HostCall(None, _cpu_library(), symbol("Fwd", reduction, False), reduction)
     x, t = _tensor_memory(n, dtype)
     return lambda: call.run(x, t)
 
