@@ -97,7 +97,9 @@ struct LogParts {
   __m256 head;  // e*ln2 + log c
   __m256 r, r2, q;  // log1p(r) = r + r2 * q
 };
-KLDIV_SIMD_FN LogParts log_parts(__m256 x) {
+// log_parts in two steps, head and r (log_split), then the polynomial (log_poly), so that
+// custom_ops/cpu/tools/loop_variants.cc can time loops split between them without restating either.
+KLDIV_SIMD_FN LogParts log_split(__m256 x) {
   const __m256 inv_c = _mm256_setr_ps(1.3335720300674438f, 1.2306362390518188f, 1.1429083347320557f,
                                       1.0670031309127808f, 1.0f, 0.888969898223877f, 0.7998793721199036f,
                                       0.7273896932601929f);
@@ -113,12 +115,16 @@ KLDIV_SIMD_FN LogParts log_parts(__m256 x) {
   p.head = _mm256_fmadd_ps(_mm256_cvtepi32_ps(n), _mm256_set1_ps(0.08664339780807495f),  // ln2/8
                            _mm256_permutevar8x32_ps(log_t, n));
   p.r = _mm256_fmsub_ps(z, _mm256_permutevar8x32_ps(inv_c, n), _mm256_set1_ps(1.0f));
+  return p;
+}
+KLDIV_SIMD_FN LogParts log_poly(LogParts p) {
   p.r2 = _mm256_mul_ps(p.r, p.r);
   const __m256 c01 = _mm256_fmadd_ps(_mm256_set1_ps(0.3333420157432556f), p.r, _mm256_set1_ps(-0.4999997615814209f));
   const __m256 c23 = _mm256_fmadd_ps(_mm256_set1_ps(0.19638898968696594f), p.r, _mm256_set1_ps(-0.2505364716053009f));
   p.q = _mm256_fmadd_ps(c23, p.r2, c01);  // Estrin: two FMA levels, not three
   return p;
 }
+KLDIV_SIMD_FN LogParts log_parts(__m256 x) { return log_poly(log_split(x)); }
 KLDIV_SIMD_FN __m256 log_normal(__m256 x) {
   const LogParts p = log_parts(x);
   return _mm256_add_ps(p.head, _mm256_fmadd_ps(p.r2, p.q, p.r));
@@ -128,10 +134,10 @@ KLDIV_SIMD_FN __m256 log_normal(__m256 x) {
 // log_normal's and the sum (with LeanSumCheck) 5-10% faster than log_normal(x) - y (one core, in cache). The price is
 // roundings at a larger magnitude: up to 3.8 ulp of max(|log x|, |y|) where log_normal(x) - y has 2.5 (sweeps over
 // every x in [2^-42, 4) for five y; 2.39 ulp of log x for y = 0), so no output element is computed this way.
-KLDIV_SIMD_FN __m256 log_normal_sub(__m256 x, __m256 y) {
-  const LogParts p = log_parts(x);
+KLDIV_SIMD_FN __m256 log_parts_sub(const LogParts& p, __m256 y) {
   return _mm256_fmadd_ps(p.r2, p.q, _mm256_add_ps(p.r, _mm256_sub_ps(p.head, y)));
 }
+KLDIV_SIMD_FN __m256 log_normal_sub(__m256 x, __m256 y) { return log_parts_sub(log_parts(x), y); }
 
 // Every input, as logf defines it: subnormals are scaled into the normal range first, then
 // 0 -> -inf, negative -> NaN, +inf -> +inf, NaN -> NaN.
