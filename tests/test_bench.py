@@ -68,7 +68,7 @@ def test_paired_ratios_alternate_and_pair_each_call_with_its_neighbour(monkeypat
     # must still be 1.5, whichever runs first: the pairing is what cancels the drift.
     from ms_kldiv.bench import harness
     make, calls = _fake_clock(monkeypatch, 10, 30)
-    ratios = harness.paired_ratios(make("fn", 3.0), make("ref", 2.0), pairs=20, warmup=1)
+    ratios, = harness.paired_ratios([make("fn", 3.0)], make("ref", 2.0), pairs=20, warmup=1)
     assert ratios == [1.5] * 20
     timed = calls[2:]  # after the warm-up pair
     assert timed[:4] == ["ref", "fn", "fn", "ref"]  # the order alternates
@@ -99,7 +99,7 @@ def test_paired_rows_take_turns_pair_by_pair(monkeypatch):
     # same phases (here a slow phase doubling every call made while it lasts) and keep their own exact ratios.
     from ms_kldiv.bench import harness
     make, calls = _fake_clock(monkeypatch, 8, 20)
-    r1, r2 = harness.paired_ratios_many([make("a", 3.0), make("b", 4.0)], make("ref", 2.0), pairs=6, warmup=1)
+    r1, r2 = harness.paired_ratios([make("a", 3.0), make("b", 4.0)], make("ref", 2.0), pairs=6, warmup=1)
     assert r1 == [1.5] * 6 and r2 == [2.0] * 6
     timed = calls[4:]  # after the warm-up: a, ref, b, ref
     assert timed[:8] == ["ref", "a", "ref", "b", "a", "ref", "b", "ref"]
@@ -110,13 +110,13 @@ def test_a_row_failing_in_its_pairs_keeps_its_rounds(monkeypatch):
     from ms_kldiv.bench import harness
     monkeypatch.setattr(harness, "_ROWS", [])
     pairing = {"on": False}
-    paired_ratios_many = harness.paired_ratios_many
+    paired_ratios = harness.paired_ratios
 
     def pairing_now(*args, **kwargs):
         pairing["on"] = True
-        return paired_ratios_many(*args, **kwargs)
+        return paired_ratios(*args, **kwargs)
 
-    monkeypatch.setattr(harness, "paired_ratios_many", pairing_now)
+    monkeypatch.setattr(harness, "paired_ratios", pairing_now)
 
     def flaky(n, dtype, reduction, mode):
         def step():

@@ -51,20 +51,17 @@ def time_call(fn, min_time=0.25, max_reps=200, warmup=2):
     return times
 
 
-def paired_ratios(fn, ref, pairs=40, warmup=2):
-    """Time of ``fn`` over time of ``ref`` in back-to-back pairs, their order alternating (each pair ~2 calls long).
+def paired_ratios(fns, ref, pairs=40, warmup=2):
+    """For each of ``fns``: its time over the time of ``ref`` in back-to-back pairs, their order alternating (each
+    pair ~2 calls long).
 
     A pair's two calls see the same phase of a drifting machine; best-of-repetitions per row does not when one
     call lasts about as long as a phase (at 32M this VM's read takes 6-10 ms and phases last ~10-100 ms), so the
-    ratio of two bests moved between 0.84x and 1.56x from run to run where the pairs' median moved by 0.1-0.2."""
-    return paired_ratios_many([fn], ref, pairs, warmup)[0]
-
-
-def paired_ratios_many(fns, ref, pairs=40, warmup=2):
-    """``paired_ratios`` for several rows at once, their pairs taking turns: pair i of every row comes before pair
-    i + 1 of any. The ratio itself depends on the phase (a fused pass keeps up with a read less well while memory
-    is fast), so rows paired one after the other could differ by the phase alone; taking turns, they see the same
-    phases, and the differences between their ratios are their own."""
+    ratio of two bests moved between 0.84x and 1.56x from run to run where the pairs' median moved by 0.1-0.2.
+    The rows' pairs take turns: pair i of every row comes before pair i + 1 of any. The ratio itself depends on
+    the phase (a fused pass keeps up with a read less well while memory is fast), so rows paired one after the
+    other could differ by the phase alone; taking turns, they see the same phases, and the differences between
+    their ratios are their own."""
     for _ in range(warmup):
         for fn in fns:
             fn()
@@ -94,7 +91,7 @@ def run(sizes=DEFAULT_SIZES, dtypes=("float32",), reductions=("sum",), modes=("f
     stay consecutive, and each turn starts after ``settle`` idle seconds: OpenMP runtimes and MindSpore's
     pipeline threads busy-wait a while after their work, and a row must not be timed against the previous
     row's spinning threads. With ``paired_ref``, each row in ``paired_keys`` is also timed in alternating pairs with
-    that row, the rows' pairs taking turns (``paired_ratios_many``); ``paired`` is then the median of the pairs' ratios,
+    that row, the rows' pairs taking turns (``paired_ratios``); ``paired`` is then the median of the pairs' ratios,
     ``paired_q`` its quartiles."""
     results = []
     selected = [r for r in _ROWS if keys is None or r[0] in keys]
@@ -132,7 +129,7 @@ def run(sizes=DEFAULT_SIZES, dtypes=("float32",), reductions=("sum",), modes=("f
                     if paired:
                         time.sleep(settle)
                         try:
-                            for (rec, _), ratios in zip(paired, paired_ratios_many([fn for _, fn in paired], ref_fn)):
+                            for (rec, _), ratios in zip(paired, paired_ratios([fn for _, fn in paired], ref_fn)):
                                 rec["paired_ref"] = paired_ref
                                 rec["paired"] = float(np.median(ratios))
                                 rec["paired_q"] = [float(q) for q in np.percentile(ratios, [25, 75])]

@@ -17,21 +17,23 @@
 #include <vector>
 
 #include "../kldiv_simd_avx2.h"
+#include "../../common/kldiv_math.h"
 
 namespace {
 using namespace kldiv::simd_avx2;
 using Check = LeanSumCheck<1024>;
 
-// The shipped loop: acc += t * (log t - x) (kldiv::accumulate_loss_term on F8), one accumulator, the check alongside.
+// The shipped loop (kldiv_kernels.inc, run_sum's lean pass): the kernel's own term, kldiv::accumulate_loss_term on
+// F8, into one accumulator, the check alongside.
 __attribute__((noinline)) float shipped(const float* x, const float* t, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
+  F8 acc(0.0f);
   Check c;
   for (int64_t i = 0; i < n; i += 8) {
-    const __m256 tv = _mm256_loadu_ps(t + i);
-    c.add(tv);
-    acc = _mm256_fmadd_ps(tv, log_normal_sub(tv, _mm256_loadu_ps(x + i)), acc);
+    const F8 tv = F8::load(t + i);
+    c.add(tv.v);
+    acc = kldiv::accumulate_loss_term<F8>(acc, F8::load(x + i), tv);
   }
-  const float s = hsum(acc);
+  const float s = hsum(acc.v);
   return c.ok(s) ? s : -1.0f;
 }
 
@@ -77,7 +79,7 @@ __attribute__((noinline)) float loads_ahead(const float* x, const float* t, int6
       xn = _mm256_loadu_ps(x + i + 8);
     }
     c.add(tv);
-    acc = _mm256_fmadd_ps(tv, log_normal_sub(tv, xv), acc);
+    acc = kldiv::accumulate_loss_term<F8>(acc, xv, tv).v;
   }
   const float s = hsum(acc);
   return c.ok(s) ? s : -1.0f;
