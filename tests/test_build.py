@@ -71,7 +71,7 @@ def test_avx2_unit_vectorizes_the_kernels(tmp_path):
 def test_loop_variants_tool_computes_the_kernel_loop(built_lib, tmp_path):
     """custom_ops/cpu/tools/loop_variants.cc (the timing behind docs/cpu_aot.md's loop table) builds against the
     shipped headers, and its other loops give the shipped loop's sum: bit for bit where the order of the
-    additions is the same, within 1e-6 where it is not (or, for the degree-2 timing probe, the polynomial)."""
+    additions is the same, within 1e-6 where the order (or, for the degree-2 timing probe, the polynomial) differs."""
     info = ctypes.CDLL(built_lib).KLDivLibInfo
     info.restype = ctypes.c_char_p
     if " isa=avx2 " not in info().decode():  # the library's own CPU check: is the AVX2 loop what runs here?

@@ -2,7 +2,8 @@
 // of the same arithmetic, a form with a shorter chain and one with one FMA fewer, and a synthetic loop that shows
 // what one core's vector unit sustains. The question it answers (docs/cpu_aot.md): is the loop at the core's
 // limit, and what does it respond to: the number of operations, or the length of their chain?
-// Every variant takes its log from kldiv_simd_avx2.h (log_split / log_poly / log_parts_sub), so nothing is restated.
+// Every variant takes its log from kldiv_simd_avx2.h (log_split / log_poly / log_parts_sub), so nothing is restated,
+// except the degree-2 polynomial, whose difference from log_poly is what it times.
 //
 //   g++ -O3 -std=c++17 -mavx2 -mfma -o /tmp/loop_variants custom_ops/cpu/tools/loop_variants.cc
 //   /tmp/loop_variants           # table: medians of interleaved rounds, relative to the shipped loop
@@ -115,10 +116,12 @@ __attribute__((noinline)) float split_chain(const float* x, const float* t, int6
   return c.ok(s) ? s : -1.0f;
 }
 
-// Q of degree 2 instead of 3: one FMA fewer, chain as long. Timing only: with these Taylor coefficients its log
-// is 49 ulp off at worst (x near 1.0625, where r = 1/16; degree 3 with the fitted Q: 1.54 ulp), and the error of a
-// degree-2 minimax fit over |r| <= 1/16 would still be ~5e-8 absolute, dozens of ulp next to 1. That is why the
-// kernel keeps degree 3. On the check's data its sum differs from the shipped one's at the 1e-7 level.
+// Q of degree 2 instead of 3: one FMA fewer, chain as long. Its polynomial is written here, not taken from
+// log_poly: other coefficients and one term fewer are the point. Timing only: with these Taylor coefficients its
+// log is 49 ulp off at worst (x near 1.0625, where r = 1/16; degree 3 with the fitted Q: 1.54 ulp), and a degree-2
+// minimax fit over |r| <= 1/16 would still leave ~5e-8 absolute by the Chebyshev estimate (not fitted), about ten
+// ulp next to 1. That is why the kernel keeps degree 3. On the check's data its sum differs from the shipped one's
+// at the 1e-7 level.
 __attribute__((noinline)) float degree2(const float* x, const float* t, int64_t n) {
   __m256 acc = _mm256_setzero_ps();
   Check c;
