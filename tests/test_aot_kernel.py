@@ -2,6 +2,7 @@
 boundaries, every dtype, special values, dynamic shapes, second order vs composite, float32 accuracy at
 32M elements, and the fallback when the library is missing. Values and gradients against the float64
 reference, in PyNative and compiled (ms.jit functional, GRAPH_MODE Cell)."""
+import ast
 import os
 import subprocess
 import sys
@@ -254,10 +255,10 @@ def test_float32_sum_accuracy_32m(mode):
     assert abs(got - want) <= 1e-6 * abs(want), (got, want)
 
 
-def _python(code, env_extra, cwd):
+def _python(code, env_extra, cwd, timeout=300):
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), **env_extra)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=cwd,
-                          timeout=300)
+                          timeout=timeout)
 
 
 FALLBACK = r"""
@@ -320,6 +321,33 @@ def test_sum_is_bitwise_independent_of_thread_count(tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
         outs.append(proc.stdout.strip())
     assert outs[0] == outs[1] == outs[2], outs
+
+
+POOL_CHECK = r"""
+import ctypes, threading
+from ms_kldiv import _build
+lib = ctypes.CDLL(_build.ensure_library('CPU'))
+lib.KLDivPoolCheck.restype = ctypes.c_int
+bad = {}
+def go(nchunks):
+    bad[nchunks] = lib.KLDivPoolCheck(nchunks, 100)
+callers = [threading.Thread(target=go, args=(k,)) for k in (2, 3, 17, 255, 256)]
+for c in callers: c.start()
+for c in callers: c.join()
+print(bad)
+"""
+
+
+@pytest.mark.parametrize("threads", ["1", "2", "7"])
+def test_pool_runs_every_chunk_exactly_once(tmp_path, threads):
+    # Participants own contiguous runs of chunks and take halves of each other's runs when theirs is used up; 7
+    # threads on this 2-core machine are preempted all the time, so chunks change hands often. Five callers at
+    # once also exercise the one-region-at-a-time lock.
+    # (A chunk run twice or never leaves the caller waiting for a count it never sees: the timeout fails the test.)
+    proc = _python(POOL_CHECK, {"MS_KLDIV_NUM_THREADS": threads}, str(tmp_path), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # chunks that did not run exactly once, per caller's chunk count
+    assert ast.literal_eval(proc.stdout.strip()) == {2: 0, 3: 0, 17: 0, 255: 0, 256: 0}, proc.stdout
 
 
 @pytest.mark.parametrize("case", ["all_subnormal", "some_subnormal", "no_positive"])

@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -51,13 +52,19 @@ int available_cpus() {
   return h ? static_cast<int>(h) : 1;
 }
 
-// Work is split into chunks (more chunks than threads) that the calling thread and the woken workers
-// take from a shared counter: on a loaded machine (other processes on our cores) a late or preempted
-// worker then costs its one chunk, not a whole static share. Chunk boundaries depend only on the problem
-// size, so reductions add the same partial sums in the same order whatever the thread count or timing.
+// Work is split into chunks (more chunks than threads). Each participant of a run (the calling thread and
+// the woken workers) owns a contiguous run of chunks and takes them in order, so that it reads one stream per
+// operand and the hardware prefetchers follow it from one chunk into the next. (Handing chunks out round-robin
+// from one shared counter made every thread jump at every chunk, and each jump cost time from DRAM: at 4M
+// elements, 128 chunks of 32K, contiguous runs made the forward sum 6-11% faster; docs/cpu_aot.md, "Chunk
+// layout".) A participant whose run is used up takes the upper half of the largest run left (its last chunk when
+// one is left), so a late or preempted worker still costs only the chunks it has not started. Chunk boundaries
+// depend only on the problem size, so reductions add the same partial sums in the same order whatever the thread
+// count or timing.
 class Pool {
  public:
-  explicit Pool(int nworkers) {
+  explicit Pool(int nworkers) : runs_(new std::atomic<uint64_t>[nworkers + 1]) {
+    for (int i = 0; i <= nworkers; ++i) runs_[i].store(0);
     for (int i = 0; i < nworkers; ++i) workers_.emplace_back([this] { loop(); });
   }
   int size() const { return static_cast<int>(workers_.size()) + 1; }
@@ -65,33 +72,92 @@ class Pool {
   void run(int nchunks, TaskFn fn, void* ctx) {
     // MindSpore may launch kernels from several threads; one parallel region at a time.
     std::lock_guard<std::mutex> region(region_mu_);
-    uint64_t gen;
+    if (nchunks > kMaxChunks) {  // beyond the run bounds' 16 bits (threads_for gives at most 256): run them here
+      for (int c = 0; c < nchunks; ++c) fn(ctx, c, nchunks);
+      return;
+    }
+    const int parts = nchunks < size() ? nchunks : size();
+    uint32_t gen;
     {
       std::lock_guard<std::mutex> lk(mu_);
-      gen = ++generation_;
+      gen = static_cast<uint32_t>(++generation_);
       fn_ = fn;
       ctx_ = ctx;
       nchunks_ = nchunks;
+      parts_ = parts;
       done_.store(0);
-      counter_.store(gen << 32);
+      for (int s = 0; s < parts; ++s)
+        runs_[s].store(pack(gen, static_cast<int64_t>(s) * nchunks / parts, static_cast<int64_t>(s + 1) * nchunks / parts));
+      slots_.store(static_cast<uint64_t>(gen) << 32 | 1u);  // slot 0 is the caller's
     }
-    const int wake = (nchunks < size() ? nchunks : size()) - 1;
-    for (int i = 0; i < wake; ++i) cv_.notify_one();
-    work(gen, fn, ctx, nchunks);
+    for (int i = 0; i < parts - 1; ++i) cv_.notify_one();
+    work(gen, 0, parts, fn, ctx, nchunks);
     std::unique_lock<std::mutex> lk(mu_);
     done_cv_.wait(lk, [&] { return done_.load() == nchunks; });
   }
 
  private:
-  // Takes chunks of run `gen` until none is left; a worker waking after its run ended takes none.
-  void work(uint64_t gen, TaskFn fn, void* ctx, int nchunks) {
+  static constexpr int kMaxChunks = 0xffff;
+  // A run of chunks [lo, hi) of run `gen`, in one word so that its owner and thieves agree by compare-exchange.
+  static uint64_t pack(uint32_t gen, int64_t lo, int64_t hi) {
+    return static_cast<uint64_t>(gen) << 32 | static_cast<uint64_t>(lo) << 16 | static_cast<uint64_t>(hi);
+  }
+  static uint32_t gen_of(uint64_t v) { return static_cast<uint32_t>(v >> 32); }
+  static int lo_of(uint64_t v) { return static_cast<int>((v >> 16) & 0xffffu); }
+  static int hi_of(uint64_t v) { return static_cast<int>(v & 0xffffu); }
+
+  // A worker's slot in run `gen`: its run of chunks (< parts), -1 when all are taken (it only steals), or -2
+  // when that run is over.
+  int claim_slot(uint32_t gen, int parts) {
+    uint64_t v = slots_.load();
+    do {
+      if (gen_of(v) != gen) return -2;
+    } while (!slots_.compare_exchange_weak(v, v + 1));
+    const int s = static_cast<int>(v & 0xffffffffu);
+    return s < parts ? s : -1;
+  }
+
+  // The next chunk of the participant's own run, or -1.
+  int take_own(uint32_t gen, int slot) {
+    if (slot < 0) return -1;
+    uint64_t v = runs_[slot].load();
     for (;;) {
-      uint64_t v = counter_.load();
-      int c;
-      do {
-        if ((v >> 32) != gen || static_cast<int>(v & 0xffffffffu) >= nchunks) return;
-        c = static_cast<int>(v & 0xffffffffu);
-      } while (!counter_.compare_exchange_weak(v, v + 1));
+      if (gen_of(v) != gen || lo_of(v) >= hi_of(v)) return -1;
+      if (runs_[slot].compare_exchange_weak(v, pack(gen, lo_of(v) + 1, hi_of(v)))) return lo_of(v);
+    }
+  }
+
+  // A chunk from the largest run left: the upper half of that run (rounded up) becomes the thief's own, and its
+  // first chunk is returned; -1 when no chunk is left.
+  int steal(uint32_t gen, int slot, int parts) {
+    for (;;) {
+      int victim = -1, most = 0;
+      uint64_t seen = 0;
+      for (int s = 0; s < parts; ++s) {
+        const uint64_t v = runs_[s].load();
+        if (gen_of(v) != gen) return -1;  // the run is over
+        if (hi_of(v) - lo_of(v) > most) {
+          most = hi_of(v) - lo_of(v);
+          victim = s;
+          seen = v;
+        }
+      }
+      if (victim < 0) return -1;
+      const int lo = lo_of(seen), hi = hi_of(seen);
+      const int mid = hi - (slot >= 0 ? (most + 1) / 2 : 1);  // a participant without a slot takes one chunk
+      if (!runs_[victim].compare_exchange_strong(seen, pack(gen, lo, mid))) continue;
+      // Our own run is empty, so no thief touches it; a stale copy of an earlier value cannot match this one.
+      if (slot >= 0) runs_[slot].store(pack(gen, mid + 1, hi));
+      return mid;
+    }
+  }
+
+  // Runs chunks of run `gen` until none is left; a worker waking after its run ended takes none.
+  void work(uint32_t gen, int slot, int parts, TaskFn fn, void* ctx, int nchunks) {
+    for (;;) {
+      int c = take_own(gen, slot);
+      if (c < 0) c = steal(gen, slot, parts);
+      if (c < 0) return;
       fn(ctx, c, nchunks);
       if (done_.fetch_add(1) + 1 == nchunks) {
         std::lock_guard<std::mutex> lk(mu_);
@@ -110,21 +176,24 @@ class Pool {
       seen = generation_;
       TaskFn fn = fn_;
       void* ctx = ctx_;
-      const int nchunks = nchunks_;
+      const int nchunks = nchunks_, parts = parts_;
       lk.unlock();
-      work(seen, fn, ctx, nchunks);
+      const uint32_t gen = static_cast<uint32_t>(seen);
+      const int slot = claim_slot(gen, parts);
+      if (slot != -2) work(gen, slot, parts, fn, ctx, nchunks);
       lk.lock();
     }
   }
 
   std::vector<std::thread> workers_;
+  std::unique_ptr<std::atomic<uint64_t>[]> runs_;  // per slot: the run of chunks its participant owns
   std::mutex region_mu_, mu_;
   std::condition_variable cv_, done_cv_;
   TaskFn fn_ = nullptr;
   void* ctx_ = nullptr;
-  int nchunks_ = 0;
+  int nchunks_ = 0, parts_ = 0;
   uint64_t generation_ = 0;
-  std::atomic<uint64_t> counter_{0};
+  std::atomic<uint64_t> slots_{0};  // generation << 32 | next slot to hand to a waking worker
   std::atomic<int> done_{0};
 };
 
@@ -144,6 +213,7 @@ void init_limits() {
 }
 
 Pool* pool() {
+  init_limits();
   std::lock_guard<std::mutex> lk(g_pool_mu);
   if (!g_pool) g_pool = new Pool(g_max_threads - 1);
   return g_pool;
@@ -391,4 +461,31 @@ KLDIV_EXPORT double KLDivStreamRead(const float* a, const float* b, int64_t n) {
   double s = 0.0;
   for (int i = 0; i < nth; ++i) s += c.partial[i];
   return s;
+}
+
+// For tests of the pool: `runs` parallel runs of `nchunks` chunks, each chunk spinning for a time that grows with
+// its index (so that the participants owning the first runs of chunks finish first and take from the others);
+// returns how many chunks did not run exactly once (0 when the pool is right).
+namespace {
+struct PoolCheckCtx {
+  std::atomic<int> count[256];
+};
+void pool_check_task(void* vctx, int chunk, int nchunks) {
+  PoolCheckCtx* c = static_cast<PoolCheckCtx*>(vctx);
+  volatile unsigned spin = 0;
+  for (int i = 0; i < chunk * 50; ++i) spin = spin + 1;  // later chunks longer: the first runs finish first
+  if (chunk >= 0 && chunk < nchunks && chunk < 256) c->count[chunk].fetch_add(1);
+}
+}  // namespace
+
+KLDIV_EXPORT int KLDivPoolCheck(int nchunks, int runs) {
+  if (nchunks < 1 || nchunks > 256) return -1;
+  int bad = 0;
+  for (int r = 0; r < runs; ++r) {
+    PoolCheckCtx c;
+    for (auto& k : c.count) k.store(0);
+    kldiv::cpu::parallel_run(nchunks, &pool_check_task, &c);
+    for (int i = 0; i < nchunks; ++i) bad += c.count[i].load() != 1;
+  }
+  return bad;
 }

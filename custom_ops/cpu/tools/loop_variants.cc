@@ -12,32 +12,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <algorithm>
-#include <random>
 #include <vector>
 
-#include "../kldiv_simd_avx2.h"
-#include "../../common/kldiv_math.h"
+#include "lean_sum_loop.h"
 
 namespace {
-using namespace kldiv::simd_avx2;
-using Check = LeanSumCheck<1024>;
-
-// The shipped loop (kldiv_kernels.inc, run_sum's lean pass): the kernel's own term, kldiv::accumulate_loss_term on
-// F8, into one accumulator, the check alongside.
-__attribute__((noinline)) float shipped(const float* x, const float* t, int64_t n) {
-  F8 acc(0.0f);
-  Check c;
-  for (int64_t i = 0; i < n; i += 8) {
-    const F8 tv = F8::load(t + i);
-    c.add(tv.v);
-    acc = kldiv::accumulate_loss_term<F8>(acc, F8::load(x + i), tv);
-  }
-  const float s = hsum(acc.v);
-  return c.ok(s) ? s : -1.0f;
-}
+using namespace kldiv_tools;
 
 struct Front {
   __m256 t, x;
@@ -177,22 +159,6 @@ __attribute__((noinline)) float synthetic(const float* p, int64_t n) {
   const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
                                  _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
   return hsum(_mm256_add_ps(s, _mm256_castsi256_ps(w_acc)));
-}
-
-double now() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-// Like the benchmark's data: targets in (0, 1], inputs log-probability-like.
-void fill_data(std::vector<float>& x, std::vector<float>& t, uint32_t seed) {
-  std::mt19937 g(seed);
-  std::uniform_real_distribution<float> u(1e-6f, 1.0f);
-  for (size_t i = 0; i < t.size(); ++i) {
-    t[i] = u(g);
-    x[i] = -2.0f * u(g);
-  }
 }
 
 int check() {
