@@ -67,12 +67,23 @@ def test_avx2_unit_vectorizes_the_kernels(tmp_path):
     assert len(vec) > 50, proc.stderr[-2000:]
 
 
-def _skip_unless_avx2(built_lib):
-    """The tools are built for AVX2 + FMA: ask the library's own CPU check whether its AVX2 loop is what runs here."""
+def _tool_check_lines(built_lib, tmp_path, name, *flags):
+    """Builds custom_ops/cpu/tools/<name>.cc against the shipped headers and returns the lines of its ``--check``
+    (which exits 0 and prints no MISMATCH when every form it times computes what the kernel computes). The tools are
+    built for AVX2 + FMA: the library's own CPU check says whether its AVX2 loop is what runs here."""
     info = ctypes.CDLL(built_lib).KLDivLibInfo
     info.restype = ctypes.c_char_p
     if " isa=avx2 " not in info().decode():
         pytest.skip(f"the library does not run its AVX2 loop on this CPU ({info().decode()})")
+    exe = tmp_path / name
+    tool = os.path.join(REPO, "custom_ops", "cpu", "tools", name + ".cc")
+    proc = subprocess.run([_build._cxx(), "-O3", "-std=c++17", "-mavx2", "-mfma", *flags, "-o", str(exe), tool],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = subprocess.run([str(exe), "--check"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0 and not any("MISMATCH" in ln for ln in lines), proc.stdout
+    return lines
 
 
 @needs_cxx
@@ -80,16 +91,8 @@ def test_loop_variants_tool_computes_the_kernel_loop(built_lib, tmp_path):
     """custom_ops/cpu/tools/loop_variants.cc (the timing behind docs/cpu_aot.md's loop table) builds against the
     shipped headers, and its other loops give the shipped loop's sum: bit for bit where the order of the
     additions is the same, within 1e-6 where the order (or, for the degree-2 timing probe, the polynomial) differs."""
-    _skip_unless_avx2(built_lib)
-    exe = tmp_path / "loop_variants"
-    tool = os.path.join(REPO, "custom_ops", "cpu", "tools", "loop_variants.cc")
-    proc = subprocess.run([_build._cxx(), "-O3", "-std=c++17", "-mavx2", "-mfma", "-o", str(exe), tool],
-                          capture_output=True, text=True, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    proc = subprocess.run([str(exe), "--check"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    lines = proc.stdout.splitlines()
-    assert proc.returncode == 0 and not any("MISMATCH" in ln for ln in lines), proc.stdout
-    assert sum(ln.endswith(" ok") for ln in lines) == 24, proc.stdout  # 4 sizes x 6 loops
+    lines = _tool_check_lines(built_lib, tmp_path, "loop_variants")
+    assert sum(ln.endswith(" ok") for ln in lines) == 24, lines  # 4 sizes x 6 loops
 
 
 @needs_cxx
@@ -97,16 +100,8 @@ def test_chunk_layout_tool_computes_the_kernel_sum(built_lib, tmp_path):
     """custom_ops/cpu/tools/chunk_layout.cc (the timing behind docs/cpu_aot.md's chunk-layout table) builds against
     the shipped headers, and both ways of handing chunks to threads give the one-thread sum bit for bit: the layouts
     it times differ in who computes which chunk when, not in what is computed."""
-    _skip_unless_avx2(built_lib)
-    exe = tmp_path / "chunk_layout"
-    tool = os.path.join(REPO, "custom_ops", "cpu", "tools", "chunk_layout.cc")
-    proc = subprocess.run([_build._cxx(), "-O3", "-std=c++17", "-mavx2", "-mfma", "-pthread", "-o", str(exe), tool],
-                          capture_output=True, text=True, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    proc = subprocess.run([str(exe), "--check"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    lines = proc.stdout.splitlines()
-    assert proc.returncode == 0 and not any("MISMATCH" in ln for ln in lines), proc.stdout
-    assert sum(ln.endswith(" ok") for ln in lines) == 8, proc.stdout  # 2 layouts x 2 chunk sizes x 2 thread counts
+    lines = _tool_check_lines(built_lib, tmp_path, "chunk_layout", "-pthread")
+    assert sum(ln.endswith(" ok") for ln in lines) == 8, lines  # 2 layouts x 2 chunk sizes x 2 thread counts
 
 
 @needs_cxx

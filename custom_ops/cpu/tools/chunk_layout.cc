@@ -120,11 +120,21 @@ void table(int rounds, int threads) {
   for (int r = 0; r < rounds; ++r) {
     for (const Variant& v : kVariants) {
       std::vector<double> ratio, kt, rt;
+      // Seconds of one call of `fn` over the buffers in `layout`.
+      auto timed = [&](Layout layout, ChunkFn fn, int64_t chunk) {
+        const double t0 = now();
+        run(layout, fn, x, t, n, chunk, threads);
+        return now() - t0;
+      };
       for (int i = 0; i < 24; ++i) {
         double a, b;
-        auto time_sum = [&] { const double t0 = now(); run(v.layout, chunk_sum, x, t, n, v.chunk, threads); return now() - t0; };
-        auto time_read = [&] { const double t0 = now(); run(kContiguous, chunk_read, x, t, n, 1 << 17, threads); return now() - t0; };
-        if (i & 1) { a = time_sum(); b = time_read(); } else { b = time_read(); a = time_sum(); }
+        if (i & 1) {
+          a = timed(v.layout, chunk_sum, v.chunk);
+          b = timed(kContiguous, chunk_read, 1 << 17);
+        } else {
+          b = timed(kContiguous, chunk_read, 1 << 17);
+          a = timed(v.layout, chunk_sum, v.chunk);
+        }
         ratio.push_back(a / b);
         kt.push_back(a);
         rt.push_back(b);
