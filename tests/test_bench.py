@@ -7,7 +7,7 @@ import sys
 def test_bench_cli_smoke(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, "-m", "ms_kldiv.bench", "--sizes", "4K", "--modes", "fwd,grad", "--no-torch",
-           "--rows", "aot_jit,aot_kernel,composite_jit,akg_jit,ops_jit,roofline", "--min-time", "0.01", "--json", str(out)]
+           "--rows", "aot_jit,aot_kernel,composite_jit,akg_jit,ops_jit,roofline,jit_floor", "--min-time", "0.01", "--json", str(out)]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ms_kldiv aot (ms.jit)" in proc.stdout and "mindspore ops.kl_div (ms.jit)" in proc.stdout
@@ -15,10 +15,11 @@ def test_bench_cli_smoke(tmp_path):
     text = json.dumps(data)
     for label in ("ms_kldiv aot (ms.jit)", "ms_kldiv akg (ms.jit)", "stream read (C++, same threads)"):
         assert label in text
-    # aot_jit and the kernel alone (default paired rows) were also timed in pairs with the streaming read, forward only
+    # aot_jit, the kernel alone and the ms.jit launch floor (default paired rows) were also timed in pairs with the streaming read, forward only
     paired = {(r["row"], r["mode"]): r.get("paired") for r in data["results"]}
     assert paired[("aot_jit", "fwd")] > 0 and paired[("aot_jit", "grad")] is None
     assert paired[("aot_kernel", "fwd")] > 0 and paired[("aot_kernel", "grad")] is None
+    assert paired[("jit_floor", "fwd")] > 0 and paired[("jit_floor", "grad")] is None
     assert paired[("composite_jit", "fwd")] is None
     assert "paired with stream read" in proc.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json"]

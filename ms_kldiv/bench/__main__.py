@@ -30,7 +30,8 @@ def main(argv=None):
     ap.add_argument("--ref", default="aot", help="row the ratios are taken against")
     ap.add_argument("--paired-ref", default="roofline",
                     help="also time --paired-rows in alternating pairs with this row ('' turns it off)")
-    ap.add_argument("--paired-rows", default="aot_kernel,aot,aot_jit", help="rows timed in pairs with --paired-ref")
+    ap.add_argument("--paired-rows", default="aot_kernel,aot,aot_jit,jit_floor",
+                    help="rows timed in pairs with --paired-ref")
     ap.add_argument("--json", default=None, help="write results as JSON here")
     ap.add_argument("--plot", default=None, help="write a PNG plot here (needs matplotlib)")
     ap.add_argument("--cuda", action="store_true",

@@ -130,6 +130,29 @@ def numpy_read_factory(n, dtype, reduction, mode):
     return lambda: (x.sum(), t.sum())
 
 
+def _add(a, b):
+    return a + b
+
+
+@functools.lru_cache(maxsize=1)
+def _jit_add():
+    import numpy as np
+    ms = _ms()
+    a, b = ms.Tensor(np.ones(4, np.float32)), ms.Tensor(np.ones(4, np.float32))
+    f = ms.jit(_add)
+    return lambda: _sync(f(a, b))
+
+
+def jit_floor_factory(n, dtype, reduction, mode):
+    """MindSpore's launch floor: an ms.jit call of ``a + b`` on 4 elements, synchronized like the other rows.
+
+    Right after the streaming read its time is what any ms.jit call pays there, whatever it computes: MindSpore's
+    threads went to sleep while the read ran and are woken one after the other (on this VM the 4-element call took
+    0.18-0.32 ms back to back and 1.2-1.9 ms after 7 ms of sleep). Paired with the read, it is the part of the ms.jit
+    row's ratio that no kernel can take away (docs/cpu_aot.md, "The ms.jit launch floor")."""
+    return _jit_add() if mode == "fwd" else None
+
+
 def _tensor_memory(n, dtype):
     """The MindSpore rows' input buffers as NumPy arrays (on CPU ``asnumpy()`` shares the tensor's memory)."""
     if dtype == "bfloat16":  # no NumPy dtype: a float32 copy of the values
@@ -157,3 +180,4 @@ def register_default_rows(with_torch=True):
     add_row("aot_kernel", "ms_kldiv aot kernel alone (ctypes)", kernel_factory)
     add_row("roofline", "stream read (C++, same threads)", roofline_factory)
     add_row("numpy_read", "stream read (numpy sum, 1 thread)", numpy_read_factory)
+    add_row("jit_floor", "ms.jit launch floor (a + b, 4 elements)", jit_floor_factory)
