@@ -336,6 +336,20 @@ def ensure_library(device, log=None):
         return build_one(device, out_dir, src)
 
 
+def library_info(path):
+    """A built library's own one-line description, e.g. 'libkldiv_cpu abi=1 isa=avx512 threads=2 libmvec=1'."""
+    import ctypes
+    fn = getattr(ctypes.CDLL(path), ABI_SYMBOL)
+    fn.restype = ctypes.c_char_p
+    return fn().decode()
+
+
+def library_isa(path):
+    """The kernel unit the CPU library at ``path`` runs in this process: 'avx512', 'avx2' or 'baseline'."""
+    m = re.search(r" isa=(\w+)", library_info(path))
+    return m.group(1) if m else None
+
+
 def main(argv=None):
     import argparse
     ap = argparse.ArgumentParser(prog="python -m ms_kldiv._build", description=__doc__.splitlines()[0])

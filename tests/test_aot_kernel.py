@@ -14,6 +14,7 @@ import mindspore as ms
 from mindspore import Tensor, nn
 
 import ms_kldiv
+from ms_kldiv import _build
 from ms_kldiv import reference as ref
 from conftest import (DTYPES, DTYPE_IDS, assert_close, check_outcomes, graph_mode, make, reference, run,
                       run_second_order, to_numpy)
@@ -108,11 +109,18 @@ def _float32_sweep():
     return np.concatenate([t, np.random.default_rng(3).permutation(t)])
 
 
+def cpu_isa():
+    """The kernel unit the CPU library runs here ('avx512', 'avx2' or 'baseline'; MS_KLDIV_ISA can narrow it)."""
+    return _build.library_isa(_build.ensure_library("CPU"))
+
+
 @pytest.mark.parametrize("mode", ["pynative", "jit", "graph"])
 def test_float32_log_accuracy_sweep(mode):
-    # x = 0 makes the 'none' loss t * log(t): the float32 kernels' own log (kldiv_simd_avx2.h on AVX2 CPUs)
+    # x = 0 makes the 'none' loss t * log(t): the float32 kernels' own log (kldiv_simd_avx2.h / kldiv_simd_avx512.h)
     # must stay within 3 ulp of float64 (1.54 ulp for log, plus the product's rounding) for every positive
-    # float, and give exactly what IEEE logf gives for 0, negatives, subnormals, inf and NaN.
+    # float, and give exactly what IEEE logf gives for 0, negatives, subnormals, inf and NaN. The baseline unit (CPUs
+    # without AVX2) takes glibc's SSE logf from libmvec (3.9 ulp): 5 ulp there (4.6 measured).
+    bound = 5.0 if cpu_isa() == "baseline" else 3.0
     t = _float32_sweep()
     x = np.zeros_like(t)
     out = to_numpy(run(mode, "aot", Tensor(x), Tensor(t), False, reductions=("none",), grads=False)["none"].out)
@@ -129,7 +137,7 @@ def test_float32_log_accuracy_sweep(mode):
         # `a * 2` gives 0 there), so a subnormal target may act as a zero target, as for built-in ops.
         flushed = (np.abs(t[finite]) < np.finfo(np.float32).tiny) & (out[finite] == 0)
         err = np.where(flushed, 0.0, err)
-    assert err.max() <= 3.0, (err.max(), t[finite][np.argmax(err)])
+    assert err.max() <= bound, (err.max(), t[finite][np.argmax(err)])
     special = ~finite
     np.testing.assert_array_equal(out[special], exp32[special])  # NaN == NaN here, inf, and exact zeros
 

@@ -50,15 +50,16 @@ def test_log_exp_loops_use_libmvec(built_lib):
     syms = subprocess.run(["nm", "-D", built_lib], capture_output=True, text=True).stdout
     if "KLDIV_NO_LIBMVEC" in syms or "_ZGV" not in syms:
         pytest.fail("no libmvec vector math symbols in the library: the log/exp loops did not vectorize")
-    for sym in ("_ZGVdN8v_logf", "_ZGVdN8v_expf", "_ZGVbN4v_logf"):
+    for sym in ("_ZGVdN8v_logf", "_ZGVdN8v_expf", "_ZGVbN4v_logf", "_ZGVeN16v_logf", "_ZGVeN16v_expf"):
         assert sym in syms, sym
 
 
 @needs_cxx
-def test_avx2_unit_vectorizes_the_kernels(tmp_path):
-    """-fopt-info-vec on the AVX2 translation unit reports vectorized loops in kldiv_kernels.inc."""
+@pytest.mark.parametrize("unit", ["isa_avx2.cc", "isa_avx512.cc"])
+def test_simd_units_vectorize_the_kernels(tmp_path, unit):
+    """-fopt-info-vec on the AVX2 and AVX-512 translation units reports vectorized loops in kldiv_kernels.inc."""
     src = _build.source_dir()
-    cc = os.path.join(src, "cpu", "isa_avx2.cc")
+    cc = os.path.join(src, "cpu", unit)
     cmd = [_build._cxx(), *_build.CXX_FLAGS, *_build._file_flags(cc), "-I", os.path.join(src, "common"),
            "-O3", "-fopt-info-vec-optimized", "-c", cc, "-o", str(tmp_path / "a.o")]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path)
@@ -70,11 +71,10 @@ def test_avx2_unit_vectorizes_the_kernels(tmp_path):
 def _tool_check_lines(built_lib, tmp_path, name, *flags):
     """Builds custom_ops/cpu/tools/<name>.cc against the shipped headers and returns the lines of its ``--check``
     (which exits 0 and prints no MISMATCH when every form it times computes what the kernel computes). The tools are
-    built for AVX2 + FMA: the library's own CPU check says whether its AVX2 loop is what runs here."""
-    info = ctypes.CDLL(built_lib).KLDivLibInfo
-    info.restype = ctypes.c_char_p
-    if " isa=avx2 " not in info().decode():
-        pytest.skip(f"the library does not run its AVX2 loop on this CPU ({info().decode()})")
+    built for AVX2 + FMA: the library's own CPU check says whether this CPU runs AVX2 code."""
+    isa = _build.library_isa(built_lib)
+    if isa not in ("avx2", "avx512"):
+        pytest.skip(f"this CPU does not run the library's AVX2 code (isa={isa})")
     exe = tmp_path / name
     tool = os.path.join(REPO, "custom_ops", "cpu", "tools", name + ".cc")
     proc = subprocess.run([_build._cxx(), "-O3", "-std=c++17", "-mavx2", "-mfma", *flags, "-o", str(exe), tool],

@@ -6,7 +6,7 @@
 #define KLDIV_ISA_NS isa_avx2
 #define KLDIV_ISA_NAME "avx2"
 #define KLDIV_TABLE_FN table_avx2
-#define KLDIV_SIMD_AVX2 1
+#define KLDIV_SIMD_NS simd_avx2
 #include "kldiv_simd_avx2.h"
 #include "kldiv_kernels.inc"
 #else

@@ -219,15 +219,24 @@ Pool* pool() {
   return g_pool;
 }
 
+// The widest ISA the CPU (and, for AVX-512, the OS: libgcc checks XCR0) supports, unless MS_KLDIV_ISA names a
+// narrower one this CPU also runs: 'baseline', 'avx2' (tests compare the units; a user may prefer AVX2 on CPUs whose
+// clock drops under 512-bit code).
 const KernelTable* pick_table() {
   const char* force = getenv("MS_KLDIV_ISA");
+  const bool want_base = force && strcmp(force, "baseline") == 0;
+  const bool want_avx2 = force && strcmp(force, "avx2") == 0;
 #if defined(__x86_64__)
   __builtin_cpu_init();
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (force && strcmp(force, "baseline") == 0) return table_base();
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  if (want_base) return table_base();
+  if (avx512 && !want_avx2) return table_avx512();
   if (avx2) return table_avx2();
 #else
-  (void)force;
+  (void)want_base;
+  (void)want_avx2;
 #endif
   return table_base();
 }

@@ -57,6 +57,7 @@ struct KernelTable {
 
 const KernelTable* table_base();
 const KernelTable* table_avx2();
+const KernelTable* table_avx512();
 
 }  // namespace cpu
 }  // namespace kldiv

@@ -23,6 +23,8 @@
 
 #include <cmath>
 
+#include "kldiv_logf_table.h"
+
 extern "C" __m256 _ZGVdN8v_expf(__m256);  // glibc libmvec
 
 namespace kldiv {
@@ -49,6 +51,10 @@ struct Vec8 {
 };
 using F8 = Vec8<false>;
 using ExactF8 = Vec8<true>;
+// The names kldiv_kernels.inc uses.
+using Lean = F8;
+using Exact = ExactF8;
+constexpr int64_t kLanes = 8;
 
 #define KLDIV_SIMD_FN static inline __attribute__((always_inline))
 #define KLDIV_SIMD_T template <bool E> KLDIV_SIMD_FN
@@ -89,10 +95,10 @@ KLDIV_SIMD_T Vec8<E> mul_add(Vec8<E> a, Vec8<E> b, Vec8<E> c) { return _mm256_fm
 // full relative accuracy near 1) and reaches up to 1.0625, so that next to it |log x| is never much smaller than
 // |r| (r's rounding would otherwise show: 2.35 ulp with the split at 1.0234). Each other c is the float near the
 // interval's centre for which log c and log_t are closest to floats. custom_ops/cpu/tools/fit_logf.py prints the
-// tables and Q. Max error 1.54 ulp over every positive normal float, against float64 (libmvec: 3.9 ulp);
-// tests/test_aot_kernel.py sweeps it. On any other bit pattern (0, negative, subnormal, inf, NaN) the result is
-// wrong but finite: z always lands in [0.71875, 1.4375) and n in [-2048, 2047] (|n ln2/8| <= 178), which lets the
-// kernels feed it targets without mass unmasked.
+// tables and Q, which kldiv_logf_table.h holds (shared with kldiv_simd_avx512.h). Max error 1.54 ulp over every
+// positive normal float, against float64 (libmvec: 3.9 ulp); tests/test_aot_kernel.py sweeps it. On any other bit
+// pattern (0, negative, subnormal, inf, NaN) the result is wrong but finite: z always lands in [0.71875, 1.4375) and
+// n in [-2048, 2047] (|n ln2/8| <= 178), which lets the kernels feed it targets without mass unmasked.
 struct LogParts {
   __m256 head;  // e*ln2 + log c
   __m256 r, r2, q;  // log1p(r) = r + r2 * q
@@ -100,27 +106,23 @@ struct LogParts {
 // log_parts in two steps, head and r (log_split), then the polynomial (log_poly), so that
 // custom_ops/cpu/tools/loop_variants.cc can time loops split between them without restating either.
 KLDIV_SIMD_FN LogParts log_split(__m256 x) {
-  const __m256 inv_c = _mm256_setr_ps(1.3335720300674438f, 1.2306362390518188f, 1.1429083347320557f,
-                                      1.0670031309127808f, 1.0f, 0.888969898223877f, 0.7998793721199036f,
-                                      0.7273896932601929f);
-  const __m256 log_t = _mm256_setr_ps(-0.28786107897758484f, -0.2941747009754181f, -0.3068629801273346f,
-                                      -0.3247841000556946f, -0.3465735912322998f, -0.315525084733963f,
-                                      -0.29656603932380676f, -0.2882108688354492f);
+  namespace lt = kldiv::logf_table;
   const __m256i ix = _mm256_castps_si256(x);
-  const __m256i tmp = _mm256_sub_epi32(ix, _mm256_set1_epi32(0x3f380000));  // bits of 0.71875
-  const __m256i n = _mm256_srai_epi32(tmp, 20);                                // 8e + k
+  const __m256i tmp = _mm256_sub_epi32(ix, _mm256_set1_epi32(lt::kOffsetBits));  // bits of 0.71875
+  const __m256i n = _mm256_srai_epi32(tmp, lt::kShift);                          // 8e + k
   const __m256 z = _mm256_castsi256_ps(
       _mm256_sub_epi32(ix, _mm256_and_si256(tmp, _mm256_set1_epi32(static_cast<int>(0xff800000u)))));
   LogParts p;
-  p.head = _mm256_fmadd_ps(_mm256_cvtepi32_ps(n), _mm256_set1_ps(0.08664339780807495f),  // ln2/8
-                           _mm256_permutevar8x32_ps(log_t, n));
-  p.r = _mm256_fmsub_ps(z, _mm256_permutevar8x32_ps(inv_c, n), _mm256_set1_ps(1.0f));
+  p.head = _mm256_fmadd_ps(_mm256_cvtepi32_ps(n), _mm256_set1_ps(lt::kLn2Over8),
+                           _mm256_permutevar8x32_ps(_mm256_load_ps(lt::kLogT), n));
+  p.r = _mm256_fmsub_ps(z, _mm256_permutevar8x32_ps(_mm256_load_ps(lt::kInvC), n), _mm256_set1_ps(1.0f));
   return p;
 }
 KLDIV_SIMD_FN LogParts log_poly(LogParts p) {
+  namespace lt = kldiv::logf_table;
   p.r2 = _mm256_mul_ps(p.r, p.r);
-  const __m256 c01 = _mm256_fmadd_ps(_mm256_set1_ps(0.3333420157432556f), p.r, _mm256_set1_ps(-0.4999997615814209f));
-  const __m256 c23 = _mm256_fmadd_ps(_mm256_set1_ps(0.19638898968696594f), p.r, _mm256_set1_ps(-0.2505364716053009f));
+  const __m256 c01 = _mm256_fmadd_ps(_mm256_set1_ps(lt::kC1), p.r, _mm256_set1_ps(lt::kC0));
+  const __m256 c23 = _mm256_fmadd_ps(_mm256_set1_ps(lt::kC3), p.r, _mm256_set1_ps(lt::kC2));
   p.q = _mm256_fmadd_ps(c23, p.r2, c01);  // Estrin: two FMA levels, not three
   return p;
 }

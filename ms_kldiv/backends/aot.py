@@ -216,10 +216,7 @@ class AotBackend(Backend):
         path, reason = self.library(device)
         if reason:
             return reason
-        import ctypes
-        fn = ctypes.CDLL(path).KLDivLibInfo
-        fn.restype = ctypes.c_char_p
-        return f"{fn().decode()} ({path})"
+        return f"{_build.library_info(path)} ({path})"
 
     def _kernels(self, reduction, log_target):
         device = ms.get_context("device_target")

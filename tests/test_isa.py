@@ -1,0 +1,53 @@
+"""Every kernel unit of the CPU library that this CPU runs passes the kernel tests, not only the one it picks.
+
+The library compiles the kernels once per ISA (custom_ops/cpu/isa_*.cc: AVX-512, AVX2 + FMA, an SSE baseline) and
+picks the widest the CPU and OS support, once per process; the rest of the suite runs that unit. MS_KLDIV_ISA narrows
+the choice, so here each narrower unit runs tests/test_aot_kernel.py and tests/test_host_call.py (values and both
+gradients against the float64 reference in PyNative and compiled modes, every dtype, broadcast patterns, sizes around
+the vector/block/thread boundaries, special values in lean and exact blocks, the log's accuracy sweep, the host call
+against the primitive) in a subprocess of its own. A unit this CPU cannot run is reported as skipped, with the reason.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ms_kldiv import _build
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ISAS = ("avx512", "avx2", "baseline")  # widest first
+
+HAVE_CXX = _build._cxx() is not None
+
+
+def _isa_in_subprocess(isa, cwd):
+    code = "from ms_kldiv import _build; print(_build.library_isa(_build.ensure_library('CPU')))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, timeout=600,
+                          env=dict(os.environ, MS_KLDIV_ISA=isa))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.strip()
+
+
+@pytest.mark.skipif(not HAVE_CXX, reason="no C++ compiler on this machine")
+@pytest.mark.parametrize("isa", ISAS)
+def test_kernel_suite_on_each_isa(isa, tmp_path):
+    if os.environ.get("MS_KLDIV_ISA"):
+        pytest.skip(f"MS_KLDIV_ISA={os.environ['MS_KLDIV_ISA']} is set for the whole run")
+    default = _build.library_isa(_build.ensure_library("CPU"))
+    if isa == default:
+        pytest.skip(f"{isa} is this CPU's default unit: the rest of the suite runs it")
+    if ISAS.index(isa) < ISAS.index(default):
+        pytest.skip(f"this CPU does not run the {isa} unit (its widest is {default})")
+    work = tmp_path / "cwd"
+    work.mkdir()
+    assert _isa_in_subprocess(isa, str(work)) == isa  # MS_KLDIV_ISA really selects the unit
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+           os.path.join(TESTS, "test_aot_kernel.py"), os.path.join(TESTS, "test_host_call.py")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=str(work), timeout=1200,
+                          env=dict(os.environ, MS_KLDIV_ISA=isa))
+    tail = proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, tail
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert " passed" in summary and "failed" not in summary and "error" not in summary, tail
+    assert sorted(os.listdir(work)) == [], os.listdir(work)  # nothing left in the working directory
