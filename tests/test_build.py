@@ -154,3 +154,30 @@ def test_setup_hook_loads_build_without_mindspore():
     with open(os.path.join(REPO, "setup.py"), encoding="utf-8") as f:
         text = f.read()
     assert "cmdclass" in text and "spec_from_file_location" in text
+
+
+def test_log_table_header_is_what_fit_logf_prints():
+    """custom_ops/cpu/kldiv_logf_table.h (the inline log's constants, shared by the AVX2 and AVX-512 units) holds the
+    tables and polynomial that custom_ops/cpu/tools/fit_logf.py derives: the tables exactly."""
+    import re
+    tool = os.path.join(REPO, "custom_ops", "cpu", "tools", "fit_logf.py")
+    proc = subprocess.run([sys.executable, tool], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    printed = dict(ln.split(" = ", 1) for ln in proc.stdout.splitlines() if " = " in ln)
+    with open(os.path.join(REPO, "custom_ops", "cpu", "kldiv_logf_table.h"), encoding="utf-8") as f:
+        header = f.read()
+
+    def floats(text):
+        return [float(v) for v in re.findall(r"(-?\d+\.\d+(?:e-?\d+)?)f", text)]
+
+    def array(name):
+        return floats(re.search(name + r"\[8\] = \{(.*?)\};", header, re.S).group(1))
+
+    assert array("kInvC") == floats(printed["inv_c"])
+    assert array("kLogT") == floats(printed["log_t"])
+    assert floats(re.search(r"kLn2Over8 = ([^;]*);", header).group(1)) == floats(printed["L8"])
+    # Q comes from an iterative least-squares fit whose last bits vary with the NumPy/LAPACK build (c3 moved by 1.2e-6
+    # relative between NumPy 1.26 and 2.x): the header's coefficients must be that fit, up to this spread.
+    for i in range(4):
+        got = floats(re.search(rf"kC{i} = ([^,;]*)[,;]", header).group(1))[0]
+        assert abs(got - floats(printed[f"c{i}"])[0]) <= 1e-5 * abs(got), i

@@ -1,4 +1,5 @@
-"""Prints the tables and the polynomial of the lean float32 log (log_normal in custom_ops/cpu/kldiv_simd_avx2.h).
+"""Prints the tables and the polynomial of the lean float32 log (custom_ops/cpu/kldiv_logf_table.h, used by log_normal in
+kldiv_simd_avx2.h and kldiv_simd_avx512.h).
 
 x = 2^e * z with z in [0.71875, 1.4375): z's bits are x's minus OFF's, wrapped into one binade, and the top 3
 bits of that difference pick one of 8 intervals k of z. An arithmetic shift of the difference by 20 gives
