@@ -40,6 +40,8 @@ Data and checking
     ``make(a, dtype)`` -> ``(Tensor, float64 ndarray of the values the Tensor really holds)``: compare against
         the reference evaluated on the rounded values, so only the op's own error is measured.
     ``to_numpy(tensor)`` -> float64 ndarray (bfloat16 is cast to float32 inside MindSpore first).
+    ``cpu_isa()`` -> the kernel unit the CPU library runs in this process ('avx512', 'avx2' or 'baseline'; the
+        widest the CPU supports unless ``MS_KLDIV_ISA`` narrows it).
     ``reference(x, t, reduction, log_target, w)`` -> ``Expected(out, dx, dt, out_mag, dx_mag, dt_mag)`` from
         ``ms_kldiv.reference``; the ``*_mag`` arrays are the same sums over absolute values, the scale of
         the rounding error of a sum with cancellation.
@@ -137,6 +139,11 @@ def graph_mode():
 
 
 # ------------------------------------------------------------------------------------------------- data
+def cpu_isa():
+    from ms_kldiv import _build
+    return _build.library_isa(_build.ensure_library("CPU"))
+
+
 def to_numpy(tensor):
     if tensor.dtype == ms.bfloat16:
         tensor = ops.cast(tensor, ms.float32)

@@ -14,9 +14,8 @@ import mindspore as ms
 from mindspore import Tensor, nn
 
 import ms_kldiv
-from ms_kldiv import _build
 from ms_kldiv import reference as ref
-from conftest import (DTYPES, DTYPE_IDS, assert_close, check_outcomes, graph_mode, make, reference, run,
+from conftest import (DTYPES, DTYPE_IDS, assert_close, check_outcomes, cpu_isa, graph_mode, make, reference, run,
                       run_second_order, to_numpy)
 
 AOT = {r["name"]: r for r in ms_kldiv.backend_info()}.get("aot", {})
@@ -107,11 +106,6 @@ def _float32_sweep():
     bits = np.arange(0, 2**32, 4099, dtype=np.uint64).astype(np.uint32)
     t = bits.view(np.float32)
     return np.concatenate([t, np.random.default_rng(3).permutation(t)])
-
-
-def cpu_isa():
-    """The kernel unit the CPU library runs here ('avx512', 'avx2' or 'baseline'; MS_KLDIV_ISA can narrow it)."""
-    return _build.library_isa(_build.ensure_library("CPU"))
 
 
 @pytest.mark.parametrize("mode", ["pynative", "jit", "graph"])

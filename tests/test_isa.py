@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from ms_kldiv import _build
+from conftest import cpu_isa
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ISAS = ("avx512", "avx2", "baseline")  # widest first
@@ -34,7 +35,7 @@ def _isa_in_subprocess(isa, cwd):
 def test_kernel_suite_on_each_isa(isa, tmp_path):
     if os.environ.get("MS_KLDIV_ISA"):
         pytest.skip(f"MS_KLDIV_ISA={os.environ['MS_KLDIV_ISA']} is set for the whole run")
-    default = _build.library_isa(_build.ensure_library("CPU"))
+    default = cpu_isa()
     if isa == default:
         pytest.skip(f"{isa} is this CPU's default unit: the rest of the suite runs it")
     if ISAS.index(isa) < ISAS.index(default):

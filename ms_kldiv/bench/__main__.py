@@ -14,8 +14,8 @@ def _size(s):
 
 
 class _DropRecompileWarning:
-    """Every ms.jit row compiles its own ``f`` from the same source line (rows._mindspore_row), once per row, which
-    MindSpore reports as the same function "compiled again": expected here, and it buried the tables."""
+    """Every ms.jit row and cell compiles its own ``f`` from the same source line (rows._mindspore_row), which MindSpore
+    reports as the same function "compiled again": expected here, and it buried the tables."""
 
     @staticmethod
     def filter(record):

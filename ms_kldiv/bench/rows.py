@@ -36,22 +36,17 @@ def _sync(v):
 
 def _mindspore_row(loss, jit):
     """A MindSpore row: ``loss(a, b, reduction)`` timed eagerly or under ms.jit, forward or value+grad(input)."""
-    @functools.lru_cache(maxsize=None)
-    def step_fn(reduction, mode):
-        # One function object per (reduction, mode), reused across sizes and dtypes: ms.jit compiles each new input
-        # shape anyway, and a new object for the same source makes MindSpore warn that it "has been compiled again".
+    def factory(n, dtype, reduction, mode):
         ms = _ms()
+        x, t = _tensors(n, dtype)
 
         def f(a, b):
             return loss(a, b, reduction)
 
         if mode == "grad":
             f = ms.value_and_grad(f, grad_position=0)
-        return ms.jit(f) if jit else f
-
-    def factory(n, dtype, reduction, mode):
-        x, t = _tensors(n, dtype)
-        f = step_fn(reduction, mode)
+        if jit:
+            f = ms.jit(f)
         return lambda: _sync(f(x, t))
     return factory
 
