@@ -26,6 +26,13 @@ def test_bench_cli_smoke(tmp_path):
     assert paired[("jit_floor", "fwd")] > 0 and paired[("jit_floor", "grad")] is None
     assert paired[("composite_jit", "fwd")] is None
     assert "paired with stream read" in proc.stdout
+    # the aot rows' pairs are split by the library's clock; the launch floor runs no kernel of ours
+    split = {r["row"]: r.get("paired_split") for r in data["results"] if r["mode"] == "fwd"}
+    for row in ("aot_jit", "aot_kernel"):
+        before, kernel, after = split[row]
+        assert before >= 0 and kernel > 0 and after >= 0
+    assert split["jit_floor"] is None
+    assert "split by the kernel library's clock" in proc.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json"]
 
 
@@ -137,3 +144,65 @@ def test_a_row_failing_in_its_pairs_keeps_its_rounds(monkeypatch):
     rec = next(r for r in res if r["row"] == "flaky")
     assert rec["error"] is None and rec["ms"] is not None and "paired" not in rec
     assert "gone" in rec["paired_error"] and any("gone" in m for m in logged)
+
+
+def test_paired_calls_split_by_the_kernel_span(monkeypatch):
+    # A row whose calls report their kernel's span: each timed call is split into before / kernel / after, each
+    # over its pair's reference time, whichever of the pair runs first; a row without a span gets no split.
+    from ms_kldiv.bench import harness
+    make, calls = _fake_clock(monkeypatch, 99, 99)
+    clock = harness.time.perf_counter
+    last = {}
+
+    def fn():  # 1 unit before its kernel, 3 of kernel, 2 after
+        make("pre", 1.0)()
+        start = clock()
+        make("kernel", 3.0)()
+        last["span"] = (start, clock())
+        make("post", 2.0)()
+
+    def span():
+        return last.pop("span", None)
+
+    fn.kernel_span = span
+    splits = []
+    with_span, without = harness.paired_ratios([fn, make("plain", 5.0)], make("ref", 2.0), pairs=4, warmup=1,
+                                               splits=splits)
+    assert with_span == [3.0] * 4 and without == [2.5] * 4
+    assert splits == [[(0.5, 1.5, 1.0)] * 4, []]
+
+
+def test_library_span_brackets_the_kernel_in_both_modes():
+    # The span the library records lies inside the Python call that ran the kernel, in PyNative (the host call)
+    # and under ms.jit (MindSpore's runtime calls the kernel from its own thread); it is taken once.
+    import time
+    import mindspore as ms
+    import ms_kldiv
+    from ms_kldiv.bench import rows
+    span = rows._library_span()
+    assert span is not None
+    x, t = rows._tensors(1 << 17, "float32")
+
+    def loss(a, b):
+        return ms_kldiv.kl_div(a, b, reduction="sum", backend="aot")
+    jitted = ms.jit(loss)
+    for call in (lambda: loss(x, t), lambda: jitted(x, t)):
+        call().asnumpy()
+        span()
+        t0 = time.perf_counter()
+        call().asnumpy()
+        t1 = time.perf_counter()
+        got = span()
+        assert got is not None and t0 <= got[0] <= got[1] <= t1, (t0, got, t1)
+        assert span() is None
+
+
+def test_split_of_middle_pairs_adds_up_to_the_middle_total():
+    # The split averages the middle half of the pairs ranked by total (here the four pairs of total 1.6, leaving
+    # out the two fastest and the two slowest), so its parts add up to that half's mean total.
+    from ms_kldiv.bench import harness
+    split = [(0.1, 1.0, 0.1)] * 2 + [(0.5, 1.0, 0.1), (0.1, 1.0, 0.5)] * 2 + [(0.9, 2.0, 0.9)] * 2
+    before, kernel, after = harness.split_of_middle_pairs(split)
+    assert abs(before + kernel + after - 1.6) < 1e-12
+    assert abs(before - 0.3) < 1e-12 and abs(kernel - 1.0) < 1e-12 and abs(after - 0.3) < 1e-12
+    assert harness.split_of_middle_pairs([(0.2, 1.0, 0.3)]) == [0.2, 1.0, 0.3]

@@ -51,7 +51,7 @@ def time_call(fn, min_time=0.25, max_reps=200, warmup=2):
     return times
 
 
-def paired_ratios(fns, ref, pairs=40, warmup=2):
+def paired_ratios(fns, ref, pairs=40, warmup=2, splits=None):
     """For each of ``fns``: its time over the time of ``ref`` in back-to-back pairs, their order alternating (each
     pair ~2 calls long).
 
@@ -61,23 +61,46 @@ def paired_ratios(fns, ref, pairs=40, warmup=2):
     The rows' pairs take turns: pair i of every row comes before pair i + 1 of any. The ratio itself depends on
     the phase (a fused pass keeps up with a read less well while memory is fast), so rows paired one after the
     other could differ by the phase alone; taking turns, they see the same phases, and the differences between
-    their ratios are their own."""
+    their ratios are their own.
+
+    A function with a ``kernel_span`` attribute (a callable giving the start and end, in ``time.perf_counter``
+    seconds, of the last kernel call that ran since it was last asked, or None) has each of its timed calls split
+    in three: before the kernel started, the kernel, after it ended, each over the same pair's ``ref`` time.
+    With ``splits`` (a list, one entry per function) they are appended there as (before, kernel, after) tuples;
+    functions without the attribute get an empty list."""
+    spans = [getattr(fn, "kernel_span", None) for fn in fns]
+    if splits is not None:
+        splits[:] = [[] for _ in fns]
     for _ in range(warmup):
         for fn in fns:
             fn()
             ref()
     ratios = [[] for _ in fns]
     for i in range(pairs):
-        for fn, out in zip(fns, ratios):
+        for j, (fn, out) in enumerate(zip(fns, ratios)):
             first, second = (fn, ref) if i % 2 else (ref, fn)
+            if spans[j]:
+                spans[j]()  # forget any earlier call's span
             t0 = time.perf_counter()
             first()
             t1 = time.perf_counter()
             second()
             t2 = time.perf_counter()
-            a, b = (t1 - t0, t2 - t1) if i % 2 else (t2 - t1, t1 - t0)
-            out.append(a / b)
+            (s, e), b = ((t0, t1), t2 - t1) if i % 2 else ((t1, t2), t1 - t0)
+            out.append((e - s) / b)
+            span = spans[j]() if spans[j] else None
+            if span and splits is not None and s <= span[0] <= span[1] <= e:
+                splits[j].append(((span[0] - s) / b, (span[1] - span[0]) / b, (e - span[1]) / b))
     return ratios
+
+
+def split_of_middle_pairs(split):
+    """(before, kernel, after) averaged over the middle half of the pairs, ranked by their total: medians taken part by
+    part need not add up to anything (at 32M under ms.jit they added up to 1.37 where the pairs' median was 1.68), these
+    add up to the middle half's mean total, which sits near the pairs' median."""
+    ranked = sorted(split, key=sum)
+    q = len(ranked) // 4
+    return [float(v) for v in np.mean(np.array(ranked[q:len(ranked) - q]), axis=0)]
 
 
 def run(sizes=DEFAULT_SIZES, dtypes=("float32",), reductions=("sum",), modes=("fwd", "grad"), keys=None,
@@ -129,11 +152,16 @@ def run(sizes=DEFAULT_SIZES, dtypes=("float32",), reductions=("sum",), modes=("f
                     if paired:
                         time.sleep(settle)
                         try:
-                            for (rec, _), ratios in zip(paired, paired_ratios([fn for _, fn in paired], ref_fn)):
+                            splits = []
+                            all_ratios = paired_ratios([fn for _, fn in paired], ref_fn, splits=splits)
+                            for (rec, _), ratios, split in zip(paired, all_ratios, splits):
                                 rec["paired_ref"] = paired_ref
                                 rec["paired"] = float(np.median(ratios))
                                 rec["paired_q"] = [float(q) for q in np.percentile(ratios, [25, 75])]
                                 rec["paired_pairs"] = len(ratios)
+                                if split:
+                                    rec["paired_split"] = split_of_middle_pairs(split)
+                                    rec["paired_split_pairs"] = len(split)
                         except Exception as e:  # the rows' best-of numbers from the rounds stand
                             for rec, _ in paired:
                                 rec["paired_error"] = _error(e)
@@ -157,6 +185,17 @@ def _fmt_n(n):
         if n >= div and n % div == 0:
             return f"{n // div}{unit}"
     return str(n)
+
+
+def _row_table(out, caption, sizes, keys, labels, cell, fmt):
+    """``caption``, then a line per row with any cell in ``cell`` ((row, n) -> record): ``fmt(record)`` per size."""
+    out.append(caption)
+    out.append("| row | " + " | ".join(_fmt_n(n) for n in sizes) + " |")
+    out.append("|---|" + "---:|" * len(sizes))
+    for k in keys:
+        vals = [cell.get((k, n)) for n in sizes]
+        if any(vals):
+            out.append(f"| {labels[k]} | " + " | ".join("-" if not v else fmt(v) for v in vals) + " |")
 
 
 def table(results, ref_key="aot", ratio_keys=None, stat="ms"):
@@ -205,17 +244,16 @@ def table(results, ref_key="aot", ratio_keys=None, stat="ms"):
         if paired:
             first = next(iter(paired.values()))
             ref = first["paired_ref"]
-            out.append(f"\npaired with {labels.get(ref, ref)}: median of the time ratios of {first['paired_pairs']} "
+            _row_table(out, f"\npaired with {labels.get(ref, ref)}: median of the time ratios of {first['paired_pairs']} "
                        "back-to-back pairs (quartiles), which cancels the machine's drift; the rows' pairs take "
-                       "turns, so the rows see the same phases:\n")
-            out.append("| row | " + " | ".join(_fmt_n(n) for n in sizes) + " |")
-            out.append("|---|" + "---:|" * len(sizes))
-            for k in keys:
-                vals = [paired.get((k, n)) for n in sizes]
-                if any(vals):
-                    out.append(f"| {labels[k]} | " + " | ".join(
-                        "-" if not v else f"{v['paired']:.3g}x ({v['paired_q'][0]:.3g}-{v['paired_q'][1]:.3g})"
-                        for v in vals) + " |")
+                       "turns, so the rows see the same phases:\n", sizes, keys, labels, paired,
+                       lambda v: f"{v['paired']:.3g}x ({v['paired_q'][0]:.3g}-{v['paired_q'][1]:.3g})")
+            split = {key: r for key, r in paired.items() if r.get("paired_split")}
+            if split:
+                _row_table(out, "\nthe same pairs split by the kernel library's clock: before the kernel started + the "
+                           f"kernel + after it ended, each over the {labels.get(ref, ref)}'s time (means over the middle "
+                           "half of the pairs ranked by their total, so the parts add up to about the median above):\n",
+                           sizes, keys, labels, split, lambda v: " + ".join(f"{p:.3f}" for p in v["paired_split"]))
     return "\n".join(out)
 
 

@@ -4,6 +4,7 @@ Every row runs one synchronized step: MindSpore results are brought to the host 
 copy for reduced outputs), so asynchronous dispatch cannot hide work.
 """
 import functools
+import time
 
 from .harness import add_row, make_data
 
@@ -34,8 +35,9 @@ def _sync(v):
         v.asnumpy()
 
 
-def _mindspore_row(loss, jit):
-    """A MindSpore row: ``loss(a, b, reduction)`` timed eagerly or under ms.jit, forward or value+grad(input)."""
+def _mindspore_row(loss, jit, split=False):
+    """A MindSpore row: ``loss(a, b, reduction)`` timed eagerly or under ms.jit, forward or value+grad(input).
+    ``split``: the loss runs the CPU library's kernel, whose clock can split the row's paired calls."""
     def factory(n, dtype, reduction, mode):
         ms = _ms()
         x, t = _tensors(n, dtype)
@@ -47,8 +49,17 @@ def _mindspore_row(loss, jit):
             f = ms.value_and_grad(f, grad_position=0)
         if jit:
             f = ms.jit(f)
-        return lambda: _sync(f(x, t))
+        step = lambda: _sync(f(x, t))  # noqa: E731
+        return _with_span(step) if split else step
     return factory
+
+
+def _with_span(step):
+    """``step`` with the library's span reader attached (harness.paired_ratios), when there is one."""
+    span = _library_span()
+    if span is not None:
+        step.kernel_span = span
+    return step
 
 
 def ms_kldiv_row(backend, jit):
@@ -56,7 +67,7 @@ def ms_kldiv_row(backend, jit):
 
     def loss(a, b, reduction):
         return ms_kldiv.kl_div(a, b, reduction=reduction, backend=backend)
-    return _mindspore_row(loss, jit)
+    return _mindspore_row(loss, jit, split=backend == "aot")
 
 
 def ms_ops_row(jit):
@@ -98,6 +109,27 @@ def _cpu_library():
     return path
 
 
+@functools.lru_cache(maxsize=1)
+def _library_span():
+    """``KLDivTakeLastSpan`` of the CPU library as (start, end) in ``time.perf_counter`` seconds, or None once taken;
+    None instead of a function where perf_counter is not the library's clock (CLOCK_MONOTONIC) or the library is
+    missing. The harness then splits the aot rows' paired calls into before / kernel / after."""
+    import ctypes
+    if time.get_clock_info("perf_counter").implementation != "clock_gettime(CLOCK_MONOTONIC)":
+        return None
+    try:
+        take = ctypes.CDLL(_cpu_library()).KLDivTakeLastSpan
+    except (RuntimeError, OSError, AttributeError):
+        return None
+    take.restype = ctypes.c_int
+    take.argtypes = [ctypes.c_void_p]
+    buf = (ctypes.c_int64 * 2)()
+
+    def span():
+        return (buf[0] * 1e-9, buf[1] * 1e-9) if take(buf) else None
+    return span
+
+
 def roofline_factory(n, dtype, reduction, mode):
     """Time to read the bytes a fused forward must read, with the library's own threads (float32 only)."""
     if mode != "fwd" or dtype != "float32":
@@ -119,7 +151,7 @@ def kernel_factory(n, dtype, reduction, mode):
     from ms_kldiv.backends.aot import HostCall, symbol
     call = HostCall(None, _cpu_library(), symbol("Fwd", reduction, False), reduction)
     x, t = _tensor_memory(n, dtype)
-    return lambda: call.run(x, t)
+    return _with_span(lambda: call.run(x, t))
 
 
 def numpy_read_factory(n, dtype, reduction, mode):
