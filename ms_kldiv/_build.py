@@ -337,7 +337,7 @@ def ensure_library(device, log=None):
 
 
 def library_info(path):
-    """A built library's own one-line description, e.g. 'libkldiv_cpu abi=1 isa=avx512 threads=2 libmvec=1'."""
+    """A built library's own one-line description, e.g. 'libkldiv_cpu abi=1 isa=avx512 threads=2 steer=1 libmvec=1'."""
     import ctypes
     fn = getattr(ctypes.CDLL(path), ABI_SYMBOL)
     fn.restype = ctypes.c_char_p

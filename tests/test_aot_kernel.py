@@ -352,6 +352,48 @@ def test_pool_runs_every_chunk_exactly_once(tmp_path, threads):
     assert ast.literal_eval(proc.stdout.strip()) == {2: 0, 3: 0, 17: 0, 255: 0, 256: 0}, proc.stdout
 
 
+STEER_CHECK = r"""
+import ctypes, os, time
+from ms_kldiv import _build
+lib = ctypes.CDLL(_build.ensure_library('CPU'))
+lib.KLDivPoolCheck.restype = ctypes.c_int
+allowed = os.sched_getaffinity(0)
+assert lib.KLDivPoolCheck(64, 1) == 0  # the pool starts with this thread's CPUs
+def workers():
+    return [int(t) for t in os.listdir('/proc/self/task')
+            if open(f'/proc/self/task/{t}/comm').read().strip() == 'kldiv_pool']
+for _ in range(500):  # a new worker names itself when it first runs
+    if workers(): break
+    time.sleep(0.01)
+assert len(workers()) == 1, workers()
+w = workers()[0]
+masks = {}
+for cpu in sorted(allowed)[:2]:
+    # Force the collision: the worker may run only where the caller runs, so it goes to sleep on that CPU.
+    os.sched_setaffinity(w, {cpu})
+    os.sched_setaffinity(0, {cpu})  # this thread only
+    for _ in range(20):
+        assert lib.KLDivPoolCheck(64, 1) == 0
+        time.sleep(0.002)  # lets the worker note where it went back to sleep
+    masks[cpu] = sorted(os.sched_getaffinity(w))
+    os.sched_setaffinity(0, allowed)
+print((sorted(allowed), masks))
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="steering needs two CPUs to choose from")
+@pytest.mark.parametrize("steer", ["1", "0"])
+def test_pool_steers_its_worker_off_the_callers_cpu(tmp_path, steer):
+    # A worker that last slept on the caller's CPU is allowed every CPU but that one before it is woken (some
+    # schedulers wake it there even while the caller keeps that CPU busy); MS_KLDIV_STEER_WORKERS=0 leaves it alone.
+    proc = _python(STEER_CHECK, {"MS_KLDIV_NUM_THREADS": "2", "MS_KLDIV_STEER_WORKERS": steer}, str(tmp_path),
+                   timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    allowed, masks = ast.literal_eval(proc.stdout.strip())
+    for cpu, mask in masks.items():
+        assert mask == ([c for c in allowed if c != cpu] if steer == "1" else [cpu]), (cpu, masks)
+
+
 @pytest.mark.parametrize("case", ["all_subnormal", "some_subnormal", "no_positive"])
 def test_float32_sum_lean_check(case):
     # The lean float32 sum keeps a block with a positive subnormal target only when its total is >= 2^-80, where

@@ -64,9 +64,15 @@ int available_cpus() {
 // count or timing.
 class Pool {
  public:
-  explicit Pool(int nworkers) : runs_(new std::atomic<uint64_t>[nworkers + 1]) {
+  Pool(int nworkers, bool steer)
+      : runs_(new std::atomic<uint64_t>[nworkers + 1]), last_cpu_(new std::atomic<int>[nworkers]) {
     for (int i = 0; i <= nworkers; ++i) runs_[i].store(0);
-    for (int i = 0; i < nworkers; ++i) workers_.emplace_back([this] { loop(); });
+    for (int i = 0; i < nworkers; ++i) last_cpu_[i].store(-1);
+    // Workers inherit this thread's CPUs; steering only ever narrows a worker to these minus one.
+    CPU_ZERO(&allowed_);
+    steer_ = steer && pthread_getaffinity_np(pthread_self(), sizeof(allowed_), &allowed_) == 0 &&
+             CPU_COUNT(&allowed_) >= 2;
+    for (int i = 0; i < nworkers; ++i) workers_.emplace_back([this, i] { loop(i); });
   }
   int size() const { return static_cast<int>(workers_.size()) + 1; }
 
@@ -91,6 +97,7 @@ class Pool {
         runs_[s].store(pack(gen, static_cast<int64_t>(s) * nchunks / parts, static_cast<int64_t>(s + 1) * nchunks / parts));
       slots_.store(static_cast<uint64_t>(gen) << 32 | 1u);  // slot 0 is the caller's
     }
+    if (steer_) steer_off(sched_getcpu());
     for (int i = 0; i < parts - 1; ++i) cv_.notify_one();
     work(gen, 0, parts, fn, ctx, nchunks);
     std::unique_lock<std::mutex> lk(mu_);
@@ -167,7 +174,24 @@ class Pool {
     }
   }
 
-  void loop() {
+  // Keeps a worker from being woken onto the caller's CPU. Some schedulers wake a thread on the CPU it last ran on even
+  // while that CPU is busy and another idles (the 2-vCPU VMs of docs/cpu_aot.md, "Steering the workers": MindSpore's
+  // graph thread calling the kernel on our worker's last CPU left the worker queued behind it, and the caller did all
+  // the chunks alone). So a worker last seen on the caller's CPU is allowed every CPU but that one before the wake-up:
+  // one syscall, only on such a collision. Harmless where the scheduler would have moved it anyway, and a steered
+  // worker that cannot run soon costs nothing but its chunks, which the caller takes over.
+  void steer_off(int cpu) {
+    if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &allowed_)) return;
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      if (last_cpu_[i].load(std::memory_order_relaxed) != cpu) continue;
+      cpu_set_t others = allowed_;
+      CPU_CLR(cpu, &others);
+      pthread_setaffinity_np(workers_[i].native_handle(), sizeof(others), &others);  // on failure: as before
+      last_cpu_[i].store(-1, std::memory_order_relaxed);
+    }
+  }
+
+  void loop(int index) {
     // Named, so that profilers and /proc/<pid>/task show whose time is whose (a thread inherits its creator's name).
     pthread_setname_np(pthread_self(), "kldiv_pool");
     uint64_t seen = 0;
@@ -182,12 +206,16 @@ class Pool {
       const uint32_t gen = static_cast<uint32_t>(seen);
       const int slot = claim_slot(gen, parts);
       if (slot != -2) work(gen, slot, parts, fn, ctx, nchunks);
+      last_cpu_[index].store(sched_getcpu(), std::memory_order_relaxed);  // where it goes back to sleep
       lk.lock();
     }
   }
 
   std::vector<std::thread> workers_;
   std::unique_ptr<std::atomic<uint64_t>[]> runs_;  // per slot: the run of chunks its participant owns
+  std::unique_ptr<std::atomic<int>[]> last_cpu_;    // per worker: the CPU it last went to sleep on, or -1
+  cpu_set_t allowed_;
+  bool steer_ = false;
   std::mutex region_mu_, mu_;
   std::condition_variable cv_, done_cv_;
   TaskFn fn_ = nullptr;
@@ -202,12 +230,15 @@ std::mutex g_pool_mu;
 Pool* g_pool = nullptr;  // created on first parallel call; deliberately never destroyed (exit order)
 int g_max_threads = 0;
 int64_t g_parallel_min = kDefaultParallelMin;
+bool g_steer = true;
 
 void init_limits() {
   static std::once_flag once;
   std::call_once(once, [] {
     g_max_threads = env_int("MS_KLDIV_NUM_THREADS", available_cpus());
     g_parallel_min = env_int("MS_KLDIV_PARALLEL_MIN", static_cast<int>(kDefaultParallelMin));
+    const char* steer = getenv("MS_KLDIV_STEER_WORKERS");
+    g_steer = !(steer && strcmp(steer, "0") == 0);
     // A forked child has no pool threads: forget the parent's pool (leaked, its threads do not exist).
     pthread_atfork(nullptr, nullptr, [] { g_pool = nullptr; });
   });
@@ -216,7 +247,7 @@ void init_limits() {
 Pool* pool() {
   init_limits();
   std::lock_guard<std::mutex> lk(g_pool_mu);
-  if (!g_pool) g_pool = new Pool(g_max_threads - 1);
+  if (!g_pool) g_pool = new Pool(g_max_threads - 1, g_steer);
   return g_pool;
 }
 
@@ -439,8 +470,8 @@ KLDIV_EXPORT const char* KLDivLibInfo(void) {
   static std::once_flag once;
   std::call_once(once, [] {
     kldiv::cpu::init_limits();
-    snprintf(info, sizeof(info), "libkldiv_cpu abi=%d isa=%s threads=%d libmvec=%d", KLDIV_ABI_VERSION,
-             kldiv::cpu::table()->isa, kldiv::cpu::g_max_threads,
+    snprintf(info, sizeof(info), "libkldiv_cpu abi=%d isa=%s threads=%d steer=%d libmvec=%d",
+             KLDIV_ABI_VERSION, kldiv::cpu::table()->isa, kldiv::cpu::g_max_threads, kldiv::cpu::g_steer ? 1 : 0,
 #if defined(__x86_64__) && defined(__GLIBC__) && !defined(KLDIV_NO_LIBMVEC)
              1
 #else
