@@ -325,6 +325,28 @@ def test_sum_is_bitwise_independent_of_thread_count(tmp_path):
     assert outs[0] == outs[1] == outs[2], outs
 
 
+PREFETCH_INFO = DETERMINISM + r"""
+lib.KLDivLibInfo.restype = ctypes.c_char_p
+print(lib.KLDivLibInfo().decode())
+"""
+
+
+def test_sum_is_bitwise_independent_of_prefetch(tmp_path):
+    # MS_KLDIV_PREFETCH sets how far ahead the forward sum prefetches (0 = off); it changes when bytes arrive, never
+    # what is added. Unset or unreadable, the default: 2048 on Intel CPUs, 0 elsewhere.
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        default = "2048" if "GenuineIntel" in f.read() else "0"
+    sums = set()
+    for pf, expect in (("0", "0"), ("64", "64"), ("2048", "2048"), ("65536", "65536"), ("junk", default),
+                       ("", default)):
+        proc = _python(PREFETCH_INFO, {"MS_KLDIV_PREFETCH": pf}, str(tmp_path))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        bits, info = proc.stdout.strip().splitlines()
+        assert f" prefetch={expect} " in info, (pf, info)
+        sums.add(bits)
+    assert len(sums) == 1, sums
+
+
 POOL_CHECK = r"""
 import ctypes, threading
 from ms_kldiv import _build

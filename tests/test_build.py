@@ -105,6 +105,17 @@ def test_chunk_layout_tool_computes_the_kernel_sum(built_lib, tmp_path):
 
 
 @needs_cxx
+def test_read_bandwidth_tool_reads_every_element_once(built_lib, tmp_path):
+    """custom_ops/cpu/tools/read_bandwidth.cc (the reads behind docs/cpu_aot.md's "what no forward can beat" numbers)
+    reads every element of both arrays exactly once in every configuration it times: 3 sizes x 2 page kinds x (the
+    thread counts below all CPUs + all CPUs without and with two prefetch distances)."""
+    lines = _tool_check_lines(built_lib, tmp_path, "read_bandwidth", "-pthread")
+    cpus = min(os.cpu_count() or 1, 64)
+    configs = len([t for t in (1 << k for k in range(7)) if t < cpus]) + 3
+    assert sum(ln.endswith(" ok") for ln in lines) == 6 * configs, lines
+
+
+@needs_cxx
 def test_build_one_into_a_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "out"

@@ -25,6 +25,7 @@
 
 #include "../common/kldiv_abi.h"
 #include "kldiv_cpu.h"
+#include "kldiv_stream_read.h"
 
 namespace kldiv {
 namespace cpu {
@@ -231,6 +232,28 @@ Pool* g_pool = nullptr;  // created on first parallel call; deliberately never d
 int g_max_threads = 0;
 int64_t g_parallel_min = kDefaultParallelMin;
 bool g_steer = true;
+int64_t g_prefetch = 0;
+
+// Software prefetch distance (bytes ahead) for the forward sum's float32 vector loop (Args::prefetch). On the Intel
+// VM we measure on, a single core reads DRAM below the socket's bandwidth (the hardware prefetchers keep too few lines
+// in flight), and 2 KB ahead made the 32M forward sum ~13% faster (1.06 -> 0.91 of the read without it; 1 KB ahead
+// 0.95, 4 KB 0.93). It made the backward slower (32M, d/dinput alone 1.34 -> 1.57) and did little for 'none' (1.70 -> 1.65):
+// with write streams in flight, more reads cost. On an AMD VM, earlier trials of prefetch in the sum were slower.
+// Hence the sum only, by default on Intel only; MS_KLDIV_PREFETCH=<bytes> sets it (0 = off). docs/cpu_aot.md,
+// "Software prefetch".
+int64_t default_prefetch() {
+  const char* v = getenv("MS_KLDIV_PREFETCH");
+  if (v && *v) {
+    char* end = nullptr;
+    const long long r = strtoll(v, &end, 10);
+    if (end && *end == '\0' && r >= 0 && r <= (1 << 20)) return r;
+  }
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_is("intel")) return 2048;
+#endif
+  return 0;
+}
 
 void init_limits() {
   static std::once_flag once;
@@ -239,6 +262,7 @@ void init_limits() {
     g_parallel_min = env_int("MS_KLDIV_PARALLEL_MIN", static_cast<int>(kDefaultParallelMin));
     const char* steer = getenv("MS_KLDIV_STEER_WORKERS");
     g_steer = !(steer && strcmp(steer, "0") == 0);
+    g_prefetch = default_prefetch();
     // A forked child has no pool threads: forget the parent's pool (leaked, its threads do not exist).
     pthread_atfork(nullptr, nullptr, [] { g_pool = nullptr; });
   });
@@ -406,6 +430,7 @@ int run(int want, int reduction, bool log_target, int nparam, void** params, int
   a.log_target = log_target;
   a.reduction = reduction;
   a.scale = scale_for(reduction, plan.n, ndims[0], shapes[0]);
+  a.prefetch = g_prefetch;
   a.x = params[0];
   a.t = params[1];
   if (fwd) {
@@ -470,8 +495,9 @@ KLDIV_EXPORT const char* KLDivLibInfo(void) {
   static std::once_flag once;
   std::call_once(once, [] {
     kldiv::cpu::init_limits();
-    snprintf(info, sizeof(info), "libkldiv_cpu abi=%d isa=%s threads=%d steer=%d libmvec=%d",
+    snprintf(info, sizeof(info), "libkldiv_cpu abi=%d isa=%s threads=%d steer=%d prefetch=%lld libmvec=%d",
              KLDIV_ABI_VERSION, kldiv::cpu::table()->isa, kldiv::cpu::g_max_threads, kldiv::cpu::g_steer ? 1 : 0,
+             static_cast<long long>(kldiv::cpu::g_prefetch),
 #if defined(__x86_64__) && defined(__GLIBC__) && !defined(KLDIV_NO_LIBMVEC)
              1
 #else
@@ -495,12 +521,14 @@ KLDIV_EXPORT int KLDivTakeLastSpan(int64_t* out) {
 }
 
 // The streaming roofline the benchmark compares against: read `n` elements of two float32 arrays once
-// (the bytes a fused kl_div forward must read), on the same threads and pool as the kernels.
+// (the bytes a fused kl_div forward must read), on the same threads and pool as the kernels, with the same
+// software prefetch as the forward sum (so that it stays the fastest read we know: docs/cpu_aot.md).
 namespace {
 struct ReadCtx {
   const float* a;
   const float* b;
   int64_t n;
+  int64_t prefetch;
   double partial[256];
 };
 
@@ -508,20 +536,14 @@ void read_task(void* vctx, int tid, int nth) {
   ReadCtx* c = static_cast<ReadCtx*>(vctx);
   const int64_t q = c->n / nth, r = c->n % nth;
   const int64_t b = q * tid + (tid < r ? tid : r), e = b + q + (tid < r ? 1 : 0);
-  // Local restrict pointers: loads through the context struct keep GCC from vectorizing the loop.
-  const float* __restrict a = c->a;
-  const float* __restrict bb = c->b;
-  float s = 0.f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = b; i < e; ++i) s += a[i] + bb[i];
-  c->partial[tid] = s;
+  c->partial[tid] = kldiv::cpu::stream_read_slice(c->a, c->b, b, e, c->prefetch);
 }
 }  // namespace
 
 KLDIV_EXPORT double KLDivStreamRead(const float* a, const float* b, int64_t n) {
-  ReadCtx c{a, b, n, {}};
-  int nth = kldiv::cpu::threads_for(n);
+  int nth = kldiv::cpu::threads_for(n);  // (reads the limits first)
   if (nth > 256) nth = 256;
+  ReadCtx c{a, b, n, kldiv::cpu::g_prefetch, {}};
   kldiv::cpu::parallel_run(nth, &read_task, &c);
   double s = 0.0;
   for (int i = 0; i < nth; ++i) s += c.partial[i];

@@ -40,6 +40,7 @@ struct Args {
   void* out;         // forward output
   void* dx;          // backward outputs
   void* dt;
+  int64_t prefetch;  // bytes ahead the forward sum's float32 vector loop prefetches its operands; 0 = off
 };
 
 // Runs fn(ctx, chunk, nchunks) for every chunk in [0, nchunks) on the library pool; returns when all are done.
