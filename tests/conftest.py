@@ -144,6 +144,15 @@ def cpu_isa():
     return _build.library_isa(_build.ensure_library("CPU"))
 
 
+def dense(rng, n_in, n_out, std=0.3):
+    """An ``nn.Dense`` with weights drawn from ``rng`` (normal, ``std``) and zero bias: MindSpore's default init is
+    unseeded, and tests that train from it pass or fail with the draw."""
+    layer = nn.Dense(n_in, n_out)
+    layer.weight.set_data(ms.Tensor(rng.normal(0, std, (n_out, n_in)), ms.float32))
+    layer.bias.set_data(ms.Tensor(np.zeros(n_out), ms.float32))
+    return layer
+
+
 def to_numpy(tensor):
     if tensor.dtype == ms.bfloat16:
         tensor = ops.cast(tensor, ms.float32)

@@ -7,16 +7,9 @@ import mindspore as ms
 from mindspore import nn, ops
 
 import ms_kldiv
-from conftest import graph_mode, to_numpy
+from conftest import dense, graph_mode, to_numpy
 
 N, FEATURES, CLASSES, STEPS = 32, 8, 5, 40
-
-
-def _dense(rng, n_in, n_out):
-    layer = nn.Dense(n_in, n_out)
-    layer.weight.set_data(ms.Tensor(rng.normal(0, 0.3, (n_out, n_in)), ms.float32))
-    layer.bias.set_data(ms.Tensor(np.zeros(n_out), ms.float32))
-    return layer
 
 
 def _data(rng):
@@ -44,7 +37,7 @@ def test_train_one_step_reduces_loss(backend, log_target):
     rng = np.random.default_rng(0)
     features, probs = _data(rng)
     target = ms.Tensor(np.log(probs) if log_target else probs, ms.float32)
-    net = StudentLoss(_dense(rng, FEATURES, CLASSES),
+    net = StudentLoss(dense(rng, FEATURES, CLASSES),
                       ms_kldiv.KLDivLoss("batchmean", log_target=log_target, backend=backend))
     step = nn.TrainOneStepCell(net, nn.Adam(net.trainable_params(), learning_rate=0.05))
     with graph_mode():
@@ -75,7 +68,7 @@ def test_target_gradient_trains_the_teacher(backend):
     rng = np.random.default_rng(1)
     features, probs = _data(rng)
     labels = ms.Tensor(np.eye(CLASSES)[probs.argmax(1)], ms.float32)
-    student, teacher = _dense(rng, FEATURES, CLASSES), _dense(rng, FEATURES, CLASSES)
+    student, teacher = dense(rng, FEATURES, CLASSES), dense(rng, FEATURES, CLASSES)
     net = MutualLoss(student, teacher, ms_kldiv.KLDivLoss("batchmean", log_target=True, backend=backend))
     step = nn.TrainOneStepCell(net, nn.SGD(net.trainable_params(), learning_rate=0.5))
     teacher_before = teacher.weight.asnumpy().copy()
