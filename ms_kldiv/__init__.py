@@ -10,22 +10,22 @@ from ._env import keep_cwd_clean as _keep_cwd_clean
 
 _keep_cwd_clean()
 
-from . import backends as _backends  # noqa: E402
+from . import backends  # noqa: E402
 from .distillation import DistillationLoss, distillation_loss  # noqa: E402
 from .functional import kl_div  # noqa: E402
 from . import nn  # noqa: E402
 from .nn import KLDivLoss  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["kl_div", "KLDivLoss", "nn", "distillation_loss", "DistillationLoss", "backends", "backend_info"]
+__all__ = ["kl_div", "KLDivLoss", "nn", "distillation_loss", "DistillationLoss", "backend_names", "backend_info"]
 
 
-def backends():
+def backend_names():
     """Names accepted by ``backend=`` (besides ``'auto'``), whether or not they can run here."""
-    return _backends.names()
+    return backends.names()
 
 
 def backend_info(device=None):
     """One dict per backend for `device` (default: MindSpore's current device target): whether it is
     available, why not, its preference, and which one ``backend='auto'`` picks."""
-    return _backends.backend_info(device)
+    return backends.backend_info(device)

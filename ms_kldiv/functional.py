@@ -22,7 +22,7 @@ def kl_div(input, target, reduction="mean", log_target=False, *, backend="auto",
             divides the sum by ``input.shape[0]`` and is the mathematical KL divergence. Default: ``'mean'``.
         log_target (bool, optional): Whether `target` is given in log space. Default: ``False``.
         backend (str, optional): ``'auto'`` (fastest available on this device), ``'composite'``, ``'aot'``,
-            ``'akg'`` or another name from :func:`ms_kldiv.backends`. Default: ``'auto'``.
+            ``'akg'`` or another name from :func:`ms_kldiv.backend_names`. Default: ``'auto'``.
         size_average, reduce (bool, optional): Deprecated PyTorch arguments; they override `reduction`.
 
     Returns:

@@ -1,4 +1,6 @@
-"""Float64 NumPy reference of the SPEC: the Python twin of ``custom_ops/common/kldiv_math.h``.
+"""Float64 NumPy reference of the SPEC, with the structure of ``ms_kldiv._math`` (the MindSpore-ops math every
+backend uses) and ``custom_ops/common/kldiv_math.h`` (the C++/CUDA kernels'): safe operands, loss, both
+gradients, second derivatives, reduction scale, sum back to an operand's shape.
 
 It is deliberately plain (no MindSpore) so that tests, the Ascend tile model and the benchmarks can check
 every backend against an independent implementation of the same contract.
@@ -13,12 +15,16 @@ def has_mass(t, log_target):
     return ~(t == -np.inf) if log_target else ~(t <= 0)
 
 
-def pointwise_loss(x, t, log_target=False):
-    """Elementwise loss with the zero-mass rule, broadcast, float64."""
+def safe_operands(x, t, log_target=False):
+    """(mass, xs, ts), broadcast, float64: lanes without mass get x = 0 and t = 1 (0 in log space)."""
     x, t = np.broadcast_arrays(np.asarray(x, np.float64), np.asarray(t, np.float64))
     mass = has_mass(t, log_target)
-    ts = np.where(mass, t, 1.0)
-    xs = np.where(mass, x, 0.0)
+    return mass, np.where(mass, x, 0.0), np.where(mass, t, 0.0 if log_target else 1.0)
+
+
+def pointwise_loss(x, t, log_target=False):
+    """Elementwise loss with the zero-mass rule, broadcast, float64."""
+    mass, xs, ts = safe_operands(x, t, log_target)
     with np.errstate(all="ignore"):
         val = np.exp(ts) * (ts - xs) if log_target else ts * (np.log(ts) - xs)
     return np.where(mass, val, 0.0)
@@ -26,10 +32,7 @@ def pointwise_loss(x, t, log_target=False):
 
 def pointwise_grads(x, t, log_target=False):
     """(d/dinput, d/dtarget) elementwise, broadcast shape, float64."""
-    x, t = np.broadcast_arrays(np.asarray(x, np.float64), np.asarray(t, np.float64))
-    mass = has_mass(t, log_target)
-    ts = np.where(mass, t, 1.0)
-    xs = np.where(mass, x, 0.0)
+    mass, xs, ts = safe_operands(x, t, log_target)
     with np.errstate(all="ignore"):
         if log_target:
             e = np.exp(ts)
@@ -37,6 +40,19 @@ def pointwise_grads(x, t, log_target=False):
         else:
             dx, dt = -ts, np.log(ts) + 1.0 - xs
     return np.where(mass, dx, 0.0), np.where(mass, dt, 0.0)
+
+
+def pointwise_second(x, t, log_target=False):
+    """Second derivatives (d2/dx dt, d2/dt dx, d2/dt2) elementwise, float64; d2/dx2 is 0."""
+    mass, xs, ts = safe_operands(x, t, log_target)
+    with np.errstate(all="ignore"):
+        if log_target:
+            e = np.exp(ts)
+            cross, tt = -e, e * (ts - xs + 2.0)
+        else:
+            cross, tt = -np.ones_like(ts), 1.0 / ts
+    cross = np.where(mass, cross, 0.0)
+    return cross, cross, np.where(mass, tt, 0.0)
 
 
 def reduction_scale(reduction, input_shape, out_shape):
@@ -50,6 +66,14 @@ def reduction_scale(reduction, input_shape, out_shape):
     return 1.0
 
 
+def sum_to(g, shape):
+    """Undo broadcasting: sum g down to `shape`."""
+    lead = g.ndim - len(shape)
+    g = g.sum(axis=tuple(range(lead))) if lead else g
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
+    return g.sum(axis=axes, keepdims=True) if axes else g.reshape(shape)
+
+
 def kl_div(x, t, reduction="mean", log_target=False):
     """Forward value in float64 (a 0-d array for the reducing modes)."""
     x = np.asarray(x, np.float64)
@@ -58,14 +82,6 @@ def kl_div(x, t, reduction="mean", log_target=False):
         return loss
     with np.errstate(all="ignore"):
         return np.asarray(loss.sum() * reduction_scale(reduction, x.shape, loss.shape))
-
-
-def _sum_to_shape(g, shape):
-    """Undo broadcasting: sum g down to `shape`."""
-    lead = g.ndim - len(shape)
-    g = g.sum(axis=tuple(range(lead))) if lead else g
-    axes = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
-    return g.sum(axis=axes, keepdims=True) if axes else g.reshape(shape)
 
 
 def kl_div_grads(x, t, reduction="mean", log_target=False, dout=None):
@@ -80,4 +96,4 @@ def kl_div_grads(x, t, reduction="mean", log_target=False, dout=None):
     s = reduction_scale(reduction, x.shape, out_shape)
     g = np.ones(out_shape) if dout is None else np.broadcast_to(np.asarray(dout, np.float64), out_shape)
     with np.errstate(all="ignore"):
-        return _sum_to_shape(dx * g * s, x.shape), _sum_to_shape(dt * g * s, t.shape)
+        return sum_to(dx * g * s, x.shape), sum_to(dt * g * s, t.shape)

@@ -54,8 +54,19 @@ def test_version():
 
 
 # ------------------------------------------------------------------------------------------ backends
+def test_backends_is_the_subpackage():
+    # A function of the same name once shadowed the subpackage: `import ms_kldiv.backends` must give the module.
+    import importlib
+    mod = importlib.import_module("ms_kldiv.backends")
+    assert ms_kldiv.backends is mod and mod.__name__ == "ms_kldiv.backends"
+    code = "import ms_kldiv.backends as b; print(b.__name__)"
+    import subprocess, sys
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "ms_kldiv.backends", out.stderr[-2000:]
+
+
 def test_backends_and_backend_info():
-    names = ms_kldiv.backends()
+    names = ms_kldiv.backend_names()
     assert "composite" in names
     rows = ms_kldiv.backend_info()
     assert {row["name"] for row in rows} == set(names)

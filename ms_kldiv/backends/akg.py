@@ -2,7 +2,7 @@
 
 Layout (mirrors the composite backend so that MindSpore's autodiff handles what the DSL cannot):
 
-    AkgKLDiv (no bprop)    widen half types, broadcast, empty/dynamic/rank fallbacks, scale, cast back
+    KLDivWrapper           widen half types, broadcast, empty/dynamic/rank fallbacks, scale, cast back
       _AkgCore (bprop)     forward kernel on the flattened operands; its bprop runs the two backward kernels
         backward kernels   per-rank Custom ops (d/dinput, d/dtarget), each with a plain-ops bprop that gives
                            second-order gradients
@@ -36,13 +36,12 @@ import uuid
 import mindspore as ms
 from mindspore import nn, ops
 from mindspore.common import dtype as mstype
-from mindspore.ops import constexpr
 
-from .. import _env
-from .._validation import HALF_DTYPES, kldiv_broadcast_shape
+from .. import _env, _math
 from . import register
 from .base import Backend
-from .composite import CompositeKLDiv, pointwise_fns
+from .common import KLDivWrapper
+from .composite import composite_op
 
 # ---------------------------------------------------------------------------------------------------------
 # Kernel sources. {F} is the compute dtype ('float32' or 'float64'), {Z} is {F}(0), the typed zero; {I} is
@@ -213,36 +212,14 @@ def _masked_zeros(v):
     return ops.where(ops.logical_and(v == v, v != v), v, 0.0)
 
 
-def _second_prob(x, t):
-    mass = ops.logical_not(t <= 0)
-    m = ops.cast(mass, t.dtype)
-    ts = ops.where(mass, t, 1.0)
-    return -m, -m, ops.where(mass, 1.0 / ts, 0.0)
-
-
-def _second_log(x, t):
-    mass = ops.logical_not(t == -float("inf"))
-    ts = ops.where(mass, t, 0.0)
-    xs = ops.where(mass, x, 0.0)
-    e = ops.where(mass, ops.exp(ts), 0.0)
-    return -e, -e, ops.where(mass, e * (ts - xs + 2), 0.0)
-
-
 def _second_order_bprop(which, log_target, scalar_g):
-    """bprop of a backward kernel (x, t, g) -> px * g ('x') or pt * g ('t'), in plain ops, so that the
-    first-order gradient is itself differentiable. (px, pt) = grads(x, t) are the pointwise gradients
-    (composite's). For the upstream gradient a:
-
-        'x':  d/dx = 0                  d/dt = a * d(px)/dt * g                  d/dg = a * px
-        't':  d/dx = a * d(pt)/dx * g   d/dt = a * d(pt)/dt * g                  d/dg = a * pt
-        d(px)/dt = d(pt)/dx = -1 (prob), -exp(t) (log);  d(pt)/dt = 1/t (prob), exp(t)(t - x + 2) (log)
-
-    every term 0 where the target has no mass; d/dg summed to one element when g is the reduced gradient.
-    Closures over functions picked here, not methods with `if`s: MindSpore 2.10 breaks grad-of-jit on
-    constant `if`s in helpers called from a bprop, and graph mode resolves closures.
+    """bprop of a backward kernel (x, t, g) -> px * g ('x') or pt * g ('t'), in plain ops (_math's vjps), so
+    that the first-order gradient is itself differentiable; d/dg is summed to one element when g is the
+    reduced gradient. Closures over functions picked here, not methods with `if`s: MindSpore 2.10 breaks
+    grad-of-jit on constant `if`s in helpers called from a bprop, and graph mode resolves closures.
     """
-    _, grads_fn = pointwise_fns(log_target)
-    second_fn = _second_log if log_target else _second_prob
+    math_fns = _math.pointwise(log_target)
+    grads_fn, second_fn = math_fns.grads, math_fns.second
     # A primitive instance, not ops.sum: that builds its primitive through a cached helper that
     # grad-of-jit cannot differentiate inside a bprop ("func graph is empty").
     sum_keep = ops.ReduceSum(keep_dims=False)
@@ -252,14 +229,14 @@ def _second_order_bprop(which, log_target, scalar_g):
         return reshape(sum_keep(v), (1,)) if scalar_g else v
 
     def bprop_x(x, t, g, out, dout):
-        cross, _, _ = second_fn(x, t)
         px, _ = grads_fn(x, t)
-        return _masked_zeros(x), dout * cross * g, to_g(dout * px, g)
+        d_t, d_g = _math.vjp_input_grad(px, second_fn(x, t), g, dout)
+        return _masked_zeros(x), d_t, to_g(d_g, g)
 
     def bprop_t(x, t, g, out, dout):
-        cross, _, dpt_dt = second_fn(x, t)
         _, pt = grads_fn(x, t)
-        return dout * cross * g, dout * dpt_dt * g, to_g(dout * pt, g)
+        d_x, d_t, d_g = _math.vjp_target_grad(pt, second_fn(x, t), g, dout)
+        return d_x, d_t, to_g(d_g, g)
 
     return bprop_x if which == "x" else bprop_t
 
@@ -307,61 +284,34 @@ class _AkgCore(nn.Cell):
         return self.bwd_x[x.ndim - 1](x, t, g), self.bwd_t[x.ndim - 1](x, t, g)
 
 
-@constexpr
-def _use_fallback(x_shape, t_shape):
-    dims = tuple(x_shape) + tuple(t_shape)
-    return any(d is None or d <= 0 for d in dims) or max(len(x_shape), len(t_shape)) > MAX_RANK
+class _AkgEntry(nn.Cell):
+    """Same-shaped operands of any rank 0..MAX_RANK -> the core of their compute dtype (one is traced: the
+    dtype is a compile-time constant); 0-d operands go through as one element, since the kernels need a loop."""
 
-
-class AkgKLDiv(nn.Cell):
-    """The 'akg' op: widen half types, broadcast, AKG core, reduce scale, cast back."""
-
-    def __init__(self, reduction, log_target):
+    def __init__(self, summed, log_target):
         super().__init__()
-        _spawn_compiler_in_cache_dir()
-        self.reduction = reduction
-        summed = reduction != "none"
-        # One core per compute dtype; the dtype is a compile-time constant, so only one is ever traced.
+        self.summed = summed
         self.core32 = _AkgCore(summed, log_target, ms.float32)
         self.core64 = _AkgCore(summed, log_target, ms.float64)
-        # Empty tensors (AKG cannot compile a zero-trip loop), dynamic shapes (AKG compiles per static shape)
-        # and ranks above MAX_RANK take the composite path.
-        self.fallback = CompositeKLDiv(reduction, log_target)
 
     def construct(self, x, t):
-        if _use_fallback(ops.shape(x), ops.shape(t)):
-            return self.fallback(x, t)
-        shape = kldiv_broadcast_shape(ops.shape(x), ops.shape(t))
-        dtype = x.dtype
-        batch = x.shape[0] if x.ndim else 1  # 'batchmean' divides by input's first dim, not the broadcast one
-        # Widen before broadcasting: MindSpore's CPU BroadcastTo (and the ReduceSum of its adjoint) has no
-        # bfloat16 kernel.
-        if dtype in HALF_DTYPES:
-            x = ops.cast(x, ms.float32)
-            t = ops.cast(t, ms.float32)
-        if not shape:
-            # Both 0-d: the kernels need a loop. (No broadcast is involved, so this reshape is harmless.)
+        scalar = x.ndim == 0
+        if scalar:  # (no broadcast is involved, so this reshape is harmless to autodiff)
             x = ops.reshape(x, (1,))
             t = ops.reshape(t, (1,))
-        else:
-            if x.shape != shape:
-                x = ops.broadcast_to(x, shape)
-            if t.shape != shape:
-                t = ops.broadcast_to(t, shape)
-        if dtype == ms.float64:
-            out = self.core64(x, t)
-        else:
-            out = self.core32(x, t)
-        if self.reduction == "none":
-            if not shape:
-                out = ops.reshape(out, ())
-            return ops.cast(out, dtype)
-        out = ops.reshape(out, ())
-        if self.reduction == "mean":
-            out = out / ops.size(x)
-        elif self.reduction == "batchmean":
-            out = out / batch
-        return ops.cast(out, dtype)
+        out = self.core64(x, t) if x.dtype == ms.float64 else self.core32(x, t)
+        if scalar and not self.summed:
+            out = ops.reshape(out, ())
+        return out
+
+
+def akg_op(reduction, log_target):
+    """The 'akg' op: KLDivWrapper around the AKG kernels. Empty tensors (AKG cannot compile a zero-trip loop),
+    dynamic shapes (AKG compiles per static shape) and ranks above MAX_RANK take the composite op."""
+    _spawn_compiler_in_cache_dir()
+    return KLDivWrapper(_AkgEntry(reduction != "none", log_target), reduction,
+                        fallback=composite_op(reduction, log_target), fallback_dynamic_or_empty=True,
+                        fallback_max_rank=MAX_RANK)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -393,7 +343,7 @@ class AkgBackend(Backend):
         return _akg_unavailable_reason()
 
     def make_op(self, reduction, log_target):
-        return AkgKLDiv(reduction, log_target)
+        return akg_op(reduction, log_target)
 
 
 register(AkgBackend())

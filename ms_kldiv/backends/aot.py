@@ -13,7 +13,6 @@ gradients, summed back to each operand's shape, in one pass); the backward op's 
 plain MindSpore ops, which gives second-order gradients (and higher, by MindSpore's autodiff).
 """
 import logging
-import math
 import os
 import threading
 
@@ -21,12 +20,11 @@ import numpy as np
 
 import mindspore as ms
 from mindspore import nn, ops
-from mindspore.ops import CustomRegOp, DataType
 
-from .. import _build
-from .._validation import HALF_DTYPES
+from .. import _build, _math
 from . import register
 from .base import Backend
+from .common import custom_reg_info
 
 _logger = logging.getLogger("ms_kldiv")
 
@@ -36,43 +34,6 @@ _REDUCTION_SYMBOL = {"none": "None", "sum": "Sum", "mean": "Mean", "batchmean": 
 def symbol(kind, reduction, log_target):
     """Exported name, e.g. symbol('Fwd', 'batchmean', True) == 'KLDivFwdBatchmeanLog' (see kldiv_abi.h)."""
     return f"KLDiv{kind}{_REDUCTION_SYMBOL[reduction]}{'Log' if log_target else 'Prob'}"
-
-
-def _reg_info(name, target, inputs, outputs):
-    reg = CustomRegOp(name)
-    for i, n in enumerate(inputs):
-        reg = reg.input(i, n)
-    for i, n in enumerate(outputs):
-        reg = reg.output(i, n)
-    return reg.dtype_format(*([DataType.None_None] * (len(inputs) + len(outputs)))).target(target).get_op_info()
-
-
-# ------------------------------------------------------------------------------ second-order (plain ops)
-# d(grad_input)/dt, d(grad_target)/dx, d(grad_target)/dt; d(grad_input)/dx is 0. Branch-free and with safe
-# masked lanes, like composite.py (a Python `if` on a constant in a bprop helper breaks grad-of-jit).
-def _hess_prob(x, t):
-    mass = ops.logical_not(t <= 0)
-    ts = ops.where(mass, t, 1.0)
-    one = ops.ones_like(ts)
-    return (ops.where(mass, -one, 0.0), ops.where(mass, -one, 0.0), ops.where(mass, 1.0 / ts, 0.0))
-
-
-def _hess_log(x, t):
-    mass = ops.logical_not(t == -math.inf)
-    xs, ts = ops.where(mass, x, 0.0), ops.where(mass, t, 0.0)
-    e = ops.exp(ts)
-    return ops.where(mass, -e, 0.0), ops.where(mass, -e, 0.0), ops.where(mass, e * (ts - xs + 2), 0.0)
-
-
-def _sum_to(v, shape):
-    """Sum a broadcast-shaped ``v`` back to ``shape`` (static rank; unknown dims are taken as not broadcast)."""
-    lead = v.ndim - len(shape)
-    axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape) if n == 1 and v.shape[lead + i] != 1)
-    if axes:
-        v = ops.sum(v, axes, keepdim=True)
-        if lead:
-            v = ops.reshape(v, v.shape[lead:]) if len(shape) else ops.reshape(v, ())
-    return v
 
 
 class AotKLDiv(nn.Cell):
@@ -91,28 +52,24 @@ class AotKLDiv(nn.Cell):
         self.target = target
         self.reduction = reduction
         self.log_target = log_target
-        self.hess_fn = _hess_log if log_target else _hess_prob
-        self.pointwise_grads = _pointwise_grads(log_target)
+        math_fns = _math.pointwise(log_target)
+        self.grads_fn, self.second_fn = math_fns.grads, math_fns.second
+        self.scale = _math.scale_fn(reduction)
+
+        def custom(name, inputs, outputs, out_dtype, bprop):
+            return ops.Custom(f"{lib_path}:{name}", out_shape=None, out_dtype=out_dtype, func_type="aot",
+                              bprop=bprop, reg_info=custom_reg_info(name, target, inputs, outputs))
+
         fwd_name, bwd_name = symbol("Fwd", reduction, log_target), symbol("Bwd", reduction, log_target)
-        self.bwd = ops.Custom(f"{lib_path}:{bwd_name}", out_shape=None, out_dtype=lambda x, t, g: (x, t),
-                              func_type="aot", bprop=self._bwd_bprop,
-                              reg_info=_reg_info(bwd_name, target, ("x", "t", "g"), ("dx", "dt")))
-        self.fwd = ops.Custom(f"{lib_path}:{fwd_name}", out_shape=None, out_dtype=lambda x, t: x,
-                              func_type="aot", bprop=self._fwd_bprop,
-                              reg_info=_reg_info(fwd_name, target, ("x", "t"), ("y",)))
+        self.bwd = custom(bwd_name, ("x", "t", "g"), ("dx", "dt"), lambda x, t, g: (x, t), self._bwd_bprop)
+        self.fwd = custom(fwd_name, ("x", "t"), ("y",), lambda x, t: x, self._fwd_bprop)
         self.fwd_graph = None
         if split:
-            dx_name = symbol("BwdInput", reduction, log_target)
-            dt_name = symbol("BwdTarget", reduction, log_target)
-            self.bwd_dx = ops.Custom(f"{lib_path}:{dx_name}", out_shape=None, out_dtype=lambda x, t, g: x,
-                                     func_type="aot", bprop=self._bwd_dx_bprop,
-                                     reg_info=_reg_info(dx_name, target, ("x", "t", "g"), ("dx",)))
-            self.bwd_dt = ops.Custom(f"{lib_path}:{dt_name}", out_shape=None, out_dtype=lambda x, t, g: t,
-                                     func_type="aot", bprop=self._bwd_dt_bprop,
-                                     reg_info=_reg_info(dt_name, target, ("x", "t", "g"), ("dt",)))
-            self.fwd_graph = ops.Custom(f"{lib_path}:{fwd_name}", out_shape=None, out_dtype=lambda x, t: x,
-                                        func_type="aot", bprop=self._fwd_bprop_split,
-                                        reg_info=_reg_info(fwd_name, target, ("x", "t"), ("y",)))
+            self.bwd_dx = custom(symbol("BwdInput", reduction, log_target), ("x", "t", "g"), ("dx",),
+                                 lambda x, t, g: x, self._bwd_dx_bprop)
+            self.bwd_dt = custom(symbol("BwdTarget", reduction, log_target), ("x", "t", "g"), ("dt",),
+                                 lambda x, t, g: t, self._bwd_dt_bprop)
+            self.fwd_graph = custom(fwd_name, ("x", "t"), ("y",), lambda x, t: x, self._fwd_bprop_split)
 
     def construct(self, x, t):
         return self.fwd(x, t)
@@ -121,66 +78,49 @@ class AotKLDiv(nn.Cell):
         dx, dt = self.bwd(x, t, dout)
         return dx, dt
 
-    def _scale(self, x, full):
-        # In full's dtype: a float32 1/numel would cost float64 gradients 3e-8 of relative accuracy.
-        if self.reduction == "mean":
-            return 1.0 / ops.cast(ops.size(full), full.dtype)
-        if self.reduction == "batchmean":
-            return 1.0 / ops.cast(x.shape[0], full.dtype) if x.ndim else ops.ones((), full.dtype)
-        return ops.ones((), full.dtype)
-
     def _fwd_bprop_split(self, x, t, out, dout):
         return self.bwd_dx(x, t, dout), self.bwd_dt(x, t, dout)
 
-    # The backward computes dx = sum_to_x(Gi * G), dt = sum_to_t(Gt * G) with G = dout * s broadcast; the
-    # vjps against their cotangents a (of dx) and b (of dt) are written out in the broadcast shape, then
-    # summed back to each operand's shape.
-    def _second_order_terms(self, x, t, g):
-        dtype = x.dtype
-        # float32 for half types (CPU BroadcastTo/ReduceSum have no bfloat16 kernel); arithmetic
-        # broadcasting (x + 0*t-shaped zeros) also works with dynamic shapes.
-        cdt = ms.float32 if dtype in HALF_DTYPES else dtype
+    # The backward computes dx = sum_to_x(px * G), dt = sum_to_t(pt * G) with G = dout * s broadcast; the
+    # vjps against the cotangents a (of dx) and b (of dt) are _math's, in the broadcast shape, then summed
+    # back to each operand's shape.
+    def _broadcast_operands(self, x, t, g):
+        # float32 for half types; arithmetic broadcasting (x + 0*t-shaped zeros) also works with dynamic shapes.
+        cdt = _math.compute_dtype(x.dtype)
         xf, tf = ops.cast(x, cdt), ops.cast(t, cdt)
         xb = xf + ops.zeros_like(tf)
         tb = tf + ops.zeros_like(xf)
-        s = self._scale(x, xb)
-        gfull = ops.cast(g, xb.dtype) * s
-        return cdt, xb, tb, s, gfull
+        s = self.scale(x, xb)
+        return cdt, xb, tb, s, ops.cast(g, xb.dtype) * s
 
-    def _finish(self, x, t, d_x, d_t, d_g):
+    def _finish(self, x, t, d_x, d_t, d_g, s):
+        d_g = d_g * s
         if self.reduction != "none":
             d_g = ops.sum(d_g)
         dtype = x.dtype
-        return (ops.cast(_sum_to(d_x, x.shape), dtype), ops.cast(_sum_to(d_t, t.shape), dtype),
+        return (ops.cast(_math.sum_to(d_x, x.shape), dtype), ops.cast(_math.sum_to(d_t, t.shape), dtype),
                 ops.cast(d_g, dtype))
 
     def _bwd_bprop(self, x, t, g, out, dout):
         a, b = dout
-        cdt, xb, tb, s, gfull = self._second_order_terms(x, t, g)
+        cdt, xb, tb, s, gfull = self._broadcast_operands(x, t, g)
         ab = ops.cast(a, cdt) + ops.zeros_like(xb)
         bb = ops.cast(b, cdt) + ops.zeros_like(xb)
-        gi_t, gt_x, gt_t = self.hess_fn(xb, tb)
-        gi, gt = self.pointwise_grads(xb, tb)
-        return self._finish(x, t, gfull * (bb * gt_x), gfull * (ab * gi_t + bb * gt_t), (ab * gi + bb * gt) * s)
+        px, pt = self.grads_fn(xb, tb)
+        return self._finish(x, t, *_math.vjp_grads(px, pt, self.second_fn(xb, tb), gfull, ab, bb), s)
 
     def _bwd_dx_bprop(self, x, t, g, out, dout):
-        cdt, xb, tb, s, gfull = self._second_order_terms(x, t, g)
+        cdt, xb, tb, s, gfull = self._broadcast_operands(x, t, g)
         ab = ops.cast(dout, cdt) + ops.zeros_like(xb)
-        gi_t, _, _ = self.hess_fn(xb, tb)
-        gi, _ = self.pointwise_grads(xb, tb)
-        return self._finish(x, t, ops.zeros_like(xb), gfull * (ab * gi_t), ab * gi * s)
+        px, _ = self.grads_fn(xb, tb)
+        d_t, d_g = _math.vjp_input_grad(px, self.second_fn(xb, tb), gfull, ab)
+        return self._finish(x, t, ops.zeros_like(xb), d_t, d_g, s)
 
     def _bwd_dt_bprop(self, x, t, g, out, dout):
-        cdt, xb, tb, s, gfull = self._second_order_terms(x, t, g)
+        cdt, xb, tb, s, gfull = self._broadcast_operands(x, t, g)
         bb = ops.cast(dout, cdt) + ops.zeros_like(xb)
-        _, gt_x, gt_t = self.hess_fn(xb, tb)
-        _, gt = self.pointwise_grads(xb, tb)
-        return self._finish(x, t, gfull * (bb * gt_x), gfull * (bb * gt_t), bb * gt * s)
-
-
-def _pointwise_grads(log_target):
-    from .composite import pointwise_fns
-    return pointwise_fns(log_target)[1]
+        _, pt = self.grads_fn(xb, tb)
+        return self._finish(x, t, *_math.vjp_target_grad(pt, self.second_fn(xb, tb), gfull, bb), s)
 
 
 class AotBackend(Backend):

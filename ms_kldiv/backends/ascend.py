@@ -21,19 +21,19 @@ which aclnnKlDiv does not take, and empty tensors go to composite.
 import functools
 import glob
 import json
-import math
 import os
 
 import mindspore as ms
 from mindspore import nn, ops
 
-from .._validation import HALF_DTYPES, kldiv_broadcast_shape
+from .. import _math
 from . import register
 from .base import Backend
-from .composite import CompositeBackend, pointwise_fns
+from .common import KLDivWrapper, PointwiseCore, custom_reg_info
+from .composite import composite_op
 
 __all__ = ["AscendAotBackend", "AscendNativeBackend", "find_custom_opp", "AscendCKernels", "NativeKernel",
-           "AotKLDiv", "NativeKLDiv"]
+           "aot_op", "native_op"]
 
 OP_NAME = "KlDivCustom"
 GRAD_OP_NAME = "KlDivCustomGrad"
@@ -110,17 +110,10 @@ def _grad_shapes(x, t, *_):  # also the dtypes: (dx like x, dtarget like target)
 
 
 def _reg_info(name, inputs, outputs):
-    from mindspore.ops import CustomRegOp, DataType
-    reg = CustomRegOp(name)
-    for i, n in enumerate(inputs):
-        reg = reg.input(i, n, "required")
-    for i, n in enumerate(outputs):
-        reg = reg.output(i, n, "required")
-    reg = reg.attr("reduction", "required", "str").attr("log_target", "required", "bool")
-    k = len(inputs) + len(outputs)
-    for fmt in (DataType.F32_Default, DataType.F16_Default, DataType.BF16_Default):
-        reg = reg.dtype_format(*([fmt] * k))
-    return reg.target("Ascend").get_op_info()
+    from mindspore.ops import DataType
+    return custom_reg_info(name, "Ascend", inputs, outputs, required=True,
+                           attrs=(("reduction", "str"), ("log_target", "bool")),
+                           formats=(DataType.F32_Default, DataType.F16_Default, DataType.BF16_Default))
 
 
 class _KernelForward(nn.Cell):
@@ -172,49 +165,13 @@ class AscendCKernels:
         return _KernelBackward(reduction, log_target)
 
 
-# Second-order helpers, picked in __init__: a Python branch inside a Cell with a bprop breaks grad-of-jit.
-def _scale_one(x):
-    return 1.0
-
-
-def _scale_mean(x):
-    return 1.0 / ops.size(x)
-
-
-def _scale_batch(x):
-    return 1.0 / x.shape[0]
-
-
-_SCALES = {"none": _scale_one, "sum": _scale_one, "mean": _scale_mean, "batchmean": _scale_batch}
-
-
+# Picked in __init__: a Python branch inside a Cell with a bprop breaks grad-of-jit.
 def _identity(v):
     return v
 
 
 def _sum_all(v):
     return ops.sum(v)
-
-
-def _second_prob(x, t, g, cx, ct):
-    """Cotangents of (x, t, g) for dx = -t g, dt = (log t + 1 - x) g, masked (s folded into g)."""
-    mass = ops.logical_not(t <= 0)
-    xs, ts = ops.where(mass, x, 0.0), ops.where(mass, t, 1.0)
-    gx = ops.where(mass, -ct * g, 0.0)
-    gt = ops.where(mass, -cx * g + ct * g / ts, 0.0)
-    gg = ops.where(mass, -cx * ts + ct * (ops.log(ts) + 1 - xs), 0.0)
-    return gx, gt, gg
-
-
-def _second_log(x, t, g, cx, ct):
-    """Same for log_target: dx = -e g, dt = e (t - x + 1) g with e = exp(t)."""
-    mass = ops.logical_not(t == -math.inf)
-    xs, ts = ops.where(mass, x, 0.0), ops.where(mass, t, 0.0)
-    e = ops.exp(ts)
-    gx = ops.where(mass, -ct * e * g, 0.0)
-    gt = ops.where(mass, (-cx + ct * (ts - xs + 2)) * e * g, 0.0)
-    gg = ops.where(mass, (-cx + ct * (ts - xs + 1)) * e, 0.0)
-    return gx, gt, gg
 
 
 class _AotGradCore(nn.Cell):
@@ -224,8 +181,9 @@ class _AotGradCore(nn.Cell):
     def __init__(self, kernels, reduction, log_target):
         super().__init__()
         self.kernel = kernels.backward(reduction, log_target)
-        self.second = _second_log if log_target else _second_prob
-        self.scale = _SCALES[reduction]
+        math_fns = _math.pointwise(log_target)
+        self.grads_fn, self.second_fn = math_fns.grads, math_fns.second
+        self.scale = _math.scale_fn(reduction)
         self.fold_g = _identity if reduction == "none" else _sum_all
 
     def construct(self, x, t, g):
@@ -234,9 +192,12 @@ class _AotGradCore(nn.Cell):
     def bprop(self, x, t, g, out, dout):
         f32 = ms.float32
         cx, ct = dout
-        s = self.scale(x)
-        gx, gt, gg = self.second(ops.cast(x, f32), ops.cast(t, f32), ops.cast(g, f32) * s,
-                                 ops.cast(cx, f32), ops.cast(ct, f32))
+        xf = ops.cast(x, f32)
+        s = self.scale(xf, xf)
+        tf = ops.cast(t, f32)
+        px, pt = self.grads_fn(xf, tf)
+        gx, gt, gg = _math.vjp_grads(px, pt, self.second_fn(xf, tf), ops.cast(g, f32) * s,
+                                     ops.cast(cx, f32), ops.cast(ct, f32))
         gg = ops.reshape(self.fold_g(gg * s), g.shape)
         return ops.cast(gx, x.dtype), ops.cast(gt, t.dtype), ops.cast(gg, g.dtype)
 
@@ -256,42 +217,18 @@ class _AotCore(nn.Cell):
         return self.grad(x, t, dout)
 
 
-class AotKLDiv(nn.Cell):
-    """The 'aot' op on Ascend: route, broadcast, call the AscendC kernels."""
-
-    def __init__(self, reduction, log_target, kernels=None, fallback=None):
-        super().__init__()
-        kernels = kernels or AscendCKernels()
-        self.reduction = reduction
-        self.core = _AotCore(kernels, reduction, log_target)
-        # 'batchmean' divides by the input's first dimension before broadcasting (SPEC), which the kernel
-        # cannot see once the input is broadcast; that case reduces with 'sum' and scales here.
-        self.core_sum = _AotCore(kernels, "sum", log_target) if reduction == "batchmean" else None
-        self.fallback = fallback if fallback is not None else CompositeBackend().make_op(reduction, log_target)
-
-    def construct(self, x, t):
-        shape = kldiv_broadcast_shape(ops.shape(x), ops.shape(t))
-        # Dynamic dims (None) cannot go through the kernels' Python shape inference.
-        if x.dtype == ms.float64 or None in shape or 0 in shape:
-            return self.fallback(x, t)
-        dtype = x.dtype
-        batch = x.shape[0] if x.ndim else 1
-        broadcast_x = x.shape != shape
-        broadcast_t = t.shape != shape
-        if dtype in HALF_DTYPES and (broadcast_x or broadcast_t):
-            # The gradient of a broadcast is a sum over the broadcast dims (BroadcastTo's bprop): widen first
-            # so that sum runs in float32, as the SPEC asks for half types.
-            x = ops.cast(x, ms.float32)
-            t = ops.cast(t, ms.float32)
-        if broadcast_x:
-            x = ops.broadcast_to(x, shape)
-        if broadcast_t:
-            t = ops.broadcast_to(t, shape)
-        if self.reduction == "batchmean" and (broadcast_x or not shape):
-            out = self.core_sum(x, t) / batch
-        else:
-            out = self.core(x, t)
-        return ops.cast(out, dtype)
+def aot_op(reduction, log_target, kernels=None, fallback=None):
+    """The 'aot' op on Ascend: KLDivWrapper around the AscendC kernels, which take one shape and a half or
+    float32 dtype and apply the reduction scale themselves. float64 (the vector units have none), empty and
+    dynamic shapes (no Python shape inference for the kernels) go to ``fallback`` (default: composite).
+    'batchmean' divides by the input's first dimension before broadcasting (SPEC), which the kernel cannot see
+    once the input is broadcast: that case reduces with 'sum' and the wrapper divides."""
+    kernels = kernels or AscendCKernels()
+    return KLDivWrapper(_AotCore(kernels, reduction, log_target), reduction,
+                        fallback=fallback if fallback is not None else composite_op(reduction, log_target),
+                        fallback_float64=True, fallback_dynamic_or_empty=True, widen_halves="to_broadcast",
+                        core_scales=True,
+                        core_sum=_AotCore(kernels, "sum", log_target) if reduction == "batchmean" else None)
 
 
 # ------------------------------------------------------------------------------------- native (aclnn)
@@ -314,67 +251,30 @@ class NativeKernel:
         return _native_primitive()
 
 
-def _safe_prob(x, t):
-    mass = ops.logical_not(t <= 0)
-    return ops.where(mass, x, 0.0), ops.where(mass, t, 1.0)
-
-
-def _safe_log(x, t):
-    mass = ops.logical_not(t == -math.inf)
-    return ops.where(mass, x, 0.0), ops.where(mass, t, 0.0)
-
-
-class _NativeCore(nn.Cell):
-    """aclnn's value of 'none' or 'sum' on safe operands, with the SPEC's gradient table as bprop."""
+class _NativeCore(PointwiseCore):
+    """aclnn's value of 'none' or 'sum' on safe operands (lanes without target mass get t = 1 or 0, x = 0, whose
+    loss is exactly 0 under aclnn's and the SPEC's conventions alike), with the SPEC's gradient table."""
 
     def __init__(self, kl_div_fn, summed, log_target):
-        super().__init__()
+        super().__init__(summed, log_target)
         self.kl_div = kl_div_fn
         self.reduction = "sum" if summed else "none"
         self.log_target = log_target
-        self.safe = _safe_log if log_target else _safe_prob
-        self.grads_fn = pointwise_fns(log_target)[1]
 
-    def construct(self, x, t):
-        xs, ts = self.safe(x, t)
+    def value(self, x, t):
+        _, xs, ts = self.safe_fn(x, t)
         return self.kl_div(xs, ts, self.reduction, self.log_target)
 
-    def bprop(self, x, t, out, dout):
-        dx, dt = self.grads_fn(x, t)
-        g = ops.cast(dout, x.dtype)
-        return dx * g, dt * g
 
-
-class NativeKLDiv(nn.Cell):
-    """The 'native' op on Ascend: aclnnKlDiv for the value, our gradients, SPEC scaling."""
-
-    def __init__(self, reduction, log_target, kernel=None, fallback=None):
-        super().__init__()
-        self.reduction = reduction
-        self.core = _NativeCore((kernel or NativeKernel())(), reduction != "none", log_target)
-        self.fallback = fallback if fallback is not None else CompositeBackend().make_op(reduction, log_target)
-
-    def construct(self, x, t):
-        dtype = x.dtype
-        shape = kldiv_broadcast_shape(ops.shape(x), ops.shape(t))
-        if dtype == ms.float64 or None in shape or 0 in shape:
-            return self.fallback(x, t)
-        batch = x.shape[0] if x.ndim else 1
-        # Half types in float32, as the SPEC asks (aclnn's internal precision for them is not documented),
-        # and before broadcasting, so the broadcast gradients are summed back in float32 too.
-        if dtype in HALF_DTYPES:
-            x = ops.cast(x, ms.float32)
-            t = ops.cast(t, ms.float32)
-        if x.shape != shape:
-            x = ops.broadcast_to(x, shape)
-        if t.shape != shape:
-            t = ops.broadcast_to(t, shape)
-        out = self.core(x, t)
-        if self.reduction == "mean":
-            out = out / x.size
-        elif self.reduction == "batchmean":
-            out = out / batch
-        return ops.cast(out, dtype)
+def native_op(reduction, log_target, kernel=None, fallback=None):
+    """The 'native' op on Ascend: aclnnKlDiv for the value, our gradients, SPEC scaling. Half types run in
+    float32, as the SPEC asks (aclnn's internal precision for them is not documented), widened before
+    broadcasting so the broadcast gradients are summed back in float32 too; float64 (which aclnnKlDiv does not
+    take), empty and dynamic shapes go to ``fallback`` (default: composite)."""
+    core = _NativeCore((kernel or NativeKernel())(), reduction != "none", log_target)
+    return KLDivWrapper(core, reduction,
+                        fallback=fallback if fallback is not None else composite_op(reduction, log_target),
+                        fallback_float64=True, fallback_dynamic_or_empty=True)
 
 
 # ------------------------------------------------------------------------------------------- backends
@@ -396,7 +296,7 @@ class AscendAotBackend(Backend):
         return None
 
     def make_op(self, reduction, log_target):
-        return AotKLDiv(reduction, log_target)
+        return aot_op(reduction, log_target)
 
 
 class AscendNativeBackend(Backend):
@@ -405,7 +305,7 @@ class AscendNativeBackend(Backend):
     preference = {"Ascend": 50}
 
     def make_op(self, reduction, log_target):
-        return NativeKLDiv(reduction, log_target)
+        return native_op(reduction, log_target)
 
 
 register(AscendAotBackend())

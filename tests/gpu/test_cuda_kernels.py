@@ -72,8 +72,8 @@ def check_case(x, t, dtype_id, log_target, reductions=REDUCTIONS, dout_seed=0):
         ex, et = ref.kl_div_grads(xv, tv, reduction, log_target, dout=wv)
         pdx, pdt = ref.pointwise_grads(xv, tv, log_target)
         g = np.abs(np.broadcast_to(wv, bshape)) * (abs(s) if np.isfinite(s) else 1.0)
-        mx = ref._sum_to_shape(np.abs(pdx) * g, xv.shape)
-        mt = ref._sum_to_shape(np.abs(pdt) * g, tv.shape)
+        mx = ref.sum_to(np.abs(pdx) * g, xv.shape)
+        mt = ref.sum_to(np.abs(pdt) * g, tv.shape)
         torch.cuda.synchronize()
         assert dx.shape == xt.shape and dt.shape == tt.shape
         close(to_f64(dx), ex, tol, mx, f"{reduction} d/dinput")
