@@ -1,0 +1,286 @@
+"""Chunked fused-linear distillation: a student's output head trained against a teacher without the N x V logits.
+
+For an LLM student the logits are the largest tensor of a step (8192 tokens x 128K vocabulary is 4 GB in
+float32, several times over once softmaxes and gradients are held). ``FusedLinearDistillationLoss`` takes the
+hidden states and the head weights instead, and processes the rows in chunks: each chunk's logits come from
+MindSpore's matmul (so Ascend's cube units and GPU BLAS do it), :func:`ms_kldiv.distillation_loss` gives the
+chunk's loss and d(logits), and the chunk's contributions to d(hidden), d(weight) and d(bias) are accumulated
+during the forward. Only one chunk of logits exists at a time; the backward scales the stored gradients.
+
+The teacher's gradients (mutual learning, trainable teachers) are computed in the backward by a second chunked
+pass, only where they are used: graph mode drops that work when nothing consumes the teacher's gradients
+(frozen teacher); ``teacher_grad=False`` drops it in PyNative too.
+"""
+import math
+
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from . import _validation
+from .distillation import distillation_loss
+
+_NAME = "FusedLinearDistillationLoss"
+#: Default bound on one chunk's logits (student and teacher together), in bytes of float32.
+CHUNK_BYTES = 64 * 2**20
+
+
+def default_chunk_size(rows, vocab):
+    """Rows per chunk so that a chunk's student and teacher logits take at most ``CHUNK_BYTES`` in float32."""
+    return max(1, min(rows, CHUNK_BYTES // max(1, 2 * 4 * vocab)))
+
+
+def _check_number(value, name, arg, low, high, low_open):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"For '{name}', '{arg}' must be an int or float, but got {type(value).__name__}: {value!r}.")
+    if not math.isfinite(value) or value < low or value > high or (low_open and value == low):
+        bound = f"({low}, {high}]" if low_open else f"[{low}, {high}]"
+        raise ValueError(f"For '{name}', '{arg}' must be in {bound}, but got {value!r}.")
+
+
+class _ChunkObjective(nn.Cell):
+    """The summed objective of one chunk of rows: soft_weight * T^2 * divergence + hard_weight * cross-entropy,
+    over the rows whose label is not ignored. Differentiated with ``ms.grad`` inside the forward."""
+
+    def __init__(self, temperature, beta, ignore_index, hard_weight, soft_weight, backend):
+        super().__init__()
+        self.temperature = temperature
+        self.beta = beta
+        self.ignore_index = ignore_index
+        self.hard_weight = hard_weight
+        self.soft_weight = soft_weight
+        self.backend = backend
+
+    def construct(self, student, teacher, labels):
+        soft = distillation_loss(student, teacher, self.temperature, "sum", beta=self.beta, labels=labels,
+                                 ignore_index=self.ignore_index, backend=self.backend)
+        out = ops.cast(soft, ms.float32) * self.soft_weight
+        if self.hard_weight != 0:
+            keep = labels != self.ignore_index
+            safe = ops.where(keep, labels, ops.zeros_like(labels))
+            logp = ops.log_softmax(ops.cast(student, ms.float32), -1)
+            # A one-hot mask rather than a gather: GatherD's gradient fails inside a nested graph-mode grad.
+            hit = ops.logical_and(ops.expand_dims(keep, 1),
+                                  ops.arange(student.shape[-1], dtype=ms.int32) == ops.expand_dims(safe, 1))
+            out = out - ops.sum(ops.where(hit, logp, 0.0)) * self.hard_weight
+        return out
+
+
+def _matmul_t(a, b):
+    """a @ b^T in float32 accumulation."""
+    return ops.matmul(a, ops.transpose(b, (1, 0)))
+
+
+class _FusedCore(nn.Cell):
+    """(hidden states and heads of both models, labels, counted rows) -> (loss, gradients), chunk by chunk.
+
+    Inputs are 2-D hidden states [N, H], weights [V, H], biases [V] (zeros when absent), labels [N] int32, and
+    the number of counted rows. The chunk's gradients come from ``ms.value_and_grad`` of the chunk objective
+    (whichever distillation backend runs, through its own bprop) and are folded into the heads' gradients at
+    once; only one chunk of logits is alive at a time. Its inputs are detached: the gradients it returns reach
+    the user through ``_AttachGradients``.
+    """
+
+    def __init__(self, objective, chunk_size, teacher_grad, teacher_logits=False):
+        super().__init__()
+        self.objective = objective
+        self.chunk_size = chunk_size
+        self.teacher_grad = teacher_grad and not teacher_logits
+        # The teacher given as logits [N, V] in place of its hidden states (its weight and bias are unused).
+        self.teacher_logits = teacher_logits
+
+    def _chunks(self, rows, vocab):
+        size = self.chunk_size if self.chunk_size is not None else default_chunk_size(rows, vocab)
+        return tuple((i, min(i + size, rows)) for i in range(0, rows, size))
+
+    def construct(self, hs, ws, bs, ht, wt, bt, labels, count):
+        f32 = ms.float32
+        hs, ws, bs = ops.cast(hs, f32), ops.cast(ws, f32), ops.cast(bs, f32)
+        ht, wt, bt = ops.cast(ht, f32), ops.cast(wt, f32), ops.cast(bt, f32)
+        loss = ops.zeros((), f32)
+        dhs, dht = (), ()
+        dws, dbs = ops.zeros(ws.shape, f32), ops.zeros(bs.shape, f32)
+        dwt, dbt = ops.zeros(wt.shape, f32), ops.zeros(bt.shape, f32)
+        for lo, hi in self._chunks(hs.shape[0], ws.shape[0]):
+            hs_c, ht_c = hs[lo:hi], ht[lo:hi]
+            s_c = _matmul_t(hs_c, ws) + bs
+            t_c = ht_c if self.teacher_logits else _matmul_t(ht_c, wt) + bt
+            if self.teacher_grad:
+                value, (ds, dt) = ms.value_and_grad(self.objective, grad_position=(0, 1))(s_c, t_c, labels[lo:hi])
+                dht = dht + (ops.matmul(dt, wt),)
+                dwt = dwt + ops.matmul(ops.transpose(dt, (1, 0)), ht_c)
+                dbt = dbt + ops.sum(dt, 0)
+            else:
+                value, ds = ms.value_and_grad(self.objective, grad_position=0)(s_c, t_c, labels[lo:hi])
+            loss = loss + value
+            dhs = dhs + (ops.matmul(ds, ws),)
+            dws = dws + ops.matmul(ops.transpose(ds, (1, 0)), hs_c)
+            dbs = dbs + ops.sum(ds, 0)
+        scale = 1.0 / ops.maximum(count, 1.0)
+        dh_s = ops.concat(dhs, 0) if dhs else ops.zeros(hs.shape, f32)
+        dh_t = ops.concat(dht, 0) if dht else ops.zeros(ht.shape, f32)
+        return loss * scale, (dh_s * scale, dws * scale, dbs * scale, dh_t * scale, dwt * scale, dbt * scale)
+
+
+class _AttachGradients(nn.Cell):
+    """Returns the loss; its bprop hands each input its precomputed gradient times the incoming gradient."""
+
+    def construct(self, hs, ws, bs, ht, wt, bt, loss, dh_s, dw_s, db_s, dh_t, dw_t, db_t):
+        return loss
+
+    def bprop(self, hs, ws, bs, ht, wt, bt, loss, dh_s, dw_s, db_s, dh_t, dw_t, db_t, out, dout):
+        return (ops.cast(dh_s * dout, hs.dtype), ops.cast(dw_s * dout, ws.dtype), ops.cast(db_s * dout, bs.dtype),
+                ops.cast(dh_t * dout, ht.dtype), ops.cast(dw_t * dout, wt.dtype), ops.cast(db_t * dout, bt.dtype),
+                ops.zeros_like(loss), ops.zeros_like(dh_s), ops.zeros_like(dw_s), ops.zeros_like(db_s),
+                ops.zeros_like(dh_t), ops.zeros_like(dw_t), ops.zeros_like(db_t))
+
+
+class FusedLinearDistillationLoss(nn.Cell):
+    r"""
+    Distillation loss of a student's output head against a teacher's, computed chunk by chunk from the hidden
+    states so that the N x V logits never exist.
+
+    The soft term equals :func:`ms_kldiv.distillation_loss` of the two heads' logits with ``'batchmean'``::
+
+        distillation_loss(student_hidden @ W_s^T + b_s, teacher_hidden @ W_t^T + b_t, temperature, 'batchmean',
+                          beta=beta, labels=labels, ignore_index=ignore_index)
+
+    and the optional hard term is the cross-entropy of the student's logits against `labels` (same ignored rows,
+    mean over the counted rows). The loss is ``soft_weight * soft + hard_weight * hard``.
+
+    Args:
+        temperature (float, optional): Softmax temperature :math:`T > 0`. Default: ``1.0``.
+        beta (float, optional): 0 forward KL, 1 reverse KL, in between the generalized Jensen-Shannon
+            divergence, as in :func:`ms_kldiv.distillation_loss`. Default: ``0.0``.
+        ignore_index (int, optional): Label value of rows that contribute nothing. Default: ``-100``.
+        hard_weight (float, optional): Weight of the cross-entropy against `labels`. Default: ``0.0``.
+        soft_weight (float, optional): Weight of the distillation term. Default: ``1.0``.
+        chunk_size (int, optional): Rows per chunk. Default: ``None``, chosen so that one chunk's logits of
+            both models take at most 64 MB in float32.
+        teacher_grad (bool, optional): ``None`` (default) gives the teacher's hidden states, weight and bias
+            their gradients, computed only when used (graph mode drops the work for a frozen teacher; PyNative
+            always does it); ``False`` declares the teacher frozen (its gradients are zeros, no work).
+        backend (str, optional): Implementation of the fused distillation kernel. Default: ``'auto'``.
+
+    Inputs:
+        - **student_hidden** (Tensor) - ``[N, H_s]`` or ``[B, S, H_s]``, float16/bfloat16/float32.
+        - **student_weight** (Tensor) - ``[V, H_s]``, the head's weight as ``nn.Dense`` stores it.
+        - **teacher_hidden** (Tensor) - ``[N, H_t]`` or ``[B, S, H_t]``.
+        - **teacher_weight** (Tensor) - ``[V, H_t]``.
+        - **labels** (Tensor, optional) - integer labels of the leading shape; required when ``hard_weight != 0``.
+        - **student_bias**, **teacher_bias** (Tensor, optional) - ``[V]``; ``-inf`` entries mask vocabulary
+          columns (padded vocabularies).
+
+    Outputs:
+        0-d float32 Tensor.
+
+    Supported Platforms:
+        ``Ascend`` ``GPU`` ``CPU``
+    """
+
+    def __init__(self, temperature=1.0, *, beta=0.0, ignore_index=-100, hard_weight=0.0, soft_weight=1.0,
+                 chunk_size=None, teacher_grad=None, backend="auto"):
+        super().__init__()
+        _check_number(temperature, _NAME, "temperature", 0.0, math.inf, True)
+        _check_number(beta, _NAME, "beta", 0.0, 1.0, False)
+        _check_number(hard_weight, _NAME, "hard_weight", -math.inf, math.inf, False)
+        _check_number(soft_weight, _NAME, "soft_weight", -math.inf, math.inf, False)
+        if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+            raise TypeError(f"For '{_NAME}', 'ignore_index' must be an int, but got {ignore_index!r}.")
+        if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
+                                       or chunk_size < 1):
+            raise ValueError(f"For '{_NAME}', 'chunk_size' must be None or a positive int, but got {chunk_size!r}.")
+        if teacher_grad not in (None, False, True):
+            raise TypeError(f"For '{_NAME}', 'teacher_grad' must be None or a bool, but got {teacher_grad!r}.")
+        self.temperature = float(temperature)
+        self.beta = float(beta)
+        self.ignore_index = ignore_index
+        self.hard_weight = float(hard_weight)
+        self.soft_weight = float(soft_weight)
+        self.chunk_size = chunk_size
+        self.teacher_grad = teacher_grad is not False
+        objective = _ChunkObjective(self.temperature, self.beta, ignore_index, self.hard_weight, self.soft_weight,
+                                    backend)
+        self.core = _FusedCore(objective, chunk_size, self.teacher_grad)
+        self.core_from_logits = _FusedCore(objective, chunk_size, False, teacher_logits=True)
+        self.attach = _AttachGradients()
+
+    def construct(self, student_hidden, student_weight, teacher_hidden, teacher_weight, labels=None,
+                  student_bias=None, teacher_bias=None):
+        _check_inputs(student_hidden, student_weight, teacher_hidden, teacher_weight, labels, student_bias,
+                      teacher_bias, self.hard_weight, _NAME)
+        return self._run(self.core, student_hidden, student_weight, student_bias, _rows(teacher_hidden),
+                         teacher_weight, teacher_bias, labels)
+
+    def from_teacher_logits(self, student_hidden, student_weight, teacher_logits, labels=None, student_bias=None):
+        """The same loss with the teacher given as logits ``[N, V]`` (or ``[B, S, V]``) instead of its hidden
+        states and head; the teacher is frozen (no gradient). Under GRAPH_MODE call it from a Cell's construct."""
+        name = f"{_NAME}.from_teacher_logits"
+        _check_inputs(student_hidden, student_weight, teacher_logits, None, labels, student_bias, None,
+                      self.hard_weight, name)
+        logits = ops.stop_gradient(_rows(teacher_logits))
+        unused = ops.zeros((1, 1), ms.float32)
+        return self._run(self.core_from_logits, student_hidden, student_weight, student_bias, logits, unused,
+                         ops.zeros((1,), ms.float32), labels)
+
+    def _run(self, core, student_hidden, student_weight, student_bias, teacher_rows, teacher_weight, teacher_bias,
+             labels):
+        hs = _rows(student_hidden)
+        vocab = student_weight.shape[0]
+        if labels is None:
+            labels = ops.zeros((hs.shape[0],), ms.int32)
+            count = ops.cast(ops.reshape(ops.dyn_shape(hs)[:1], ()), ms.float32)
+        else:
+            labels = ops.cast(ops.reshape(labels, (-1,)), ms.int32)
+            count = ops.sum(ops.cast(labels != self.ignore_index, ms.float32))
+        bs = ops.zeros((vocab,), student_weight.dtype) if student_bias is None else student_bias
+        bt = ops.zeros((vocab,), teacher_weight.dtype) if teacher_bias is None else teacher_bias
+        detached = [ops.stop_gradient(a) for a in (hs, student_weight, bs, teacher_rows, teacher_weight, bt)]
+        loss, grads = core(*detached, labels, count)
+        return self.attach(hs, student_weight, bs, teacher_rows, teacher_weight, bt, loss, *grads)
+
+    def extend_repr(self):
+        return (f"temperature={self.temperature}, beta={self.beta}, ignore_index={self.ignore_index}, "
+                f"hard_weight={self.hard_weight}, soft_weight={self.soft_weight}, chunk_size={self.chunk_size}")
+
+
+def _rows(hidden):
+    return ops.reshape(hidden, (-1, hidden.shape[-1])) if hidden.ndim != 2 else hidden
+
+
+def _check_inputs(hs, ws, ht, wt, labels, bs, bt, hard_weight, name):
+    """Every argument check, before anything runs. ``wt`` None: ``ht`` holds the teacher's logits."""
+    tensors = (("student_hidden", hs), ("student_weight", ws), ("teacher_hidden" if wt is not None else
+                                                                  "teacher_logits", ht))
+    for arg, value in tensors + ((("teacher_weight", wt),) if wt is not None else ()):
+        if not isinstance(value, Tensor):
+            raise TypeError(f"For '{name}', '{arg}' must be a mindspore.Tensor, but got {type(value).__name__}.")
+        if value.dtype not in _validation.FLOAT_DTYPES:
+            raise TypeError(f"For '{name}', '{arg}' must have a floating dtype, but got {value.dtype}.")
+    vocab = ws.shape[0] if ws.ndim == 2 else None
+    if ws.ndim != 2 or (wt is not None and wt.ndim != 2):
+        raise ValueError(f"For '{name}', the head weights must be 2-D [V, H], but got {ws.shape}"
+                         f"{'' if wt is None else f' and {wt.shape}'}.")
+    if hs.ndim < 2 or ht.ndim < 2:
+        raise ValueError(f"For '{name}', hidden states must be [N, H] or [B, S, H], but got {hs.shape}, {ht.shape}.")
+    if hs.shape[-1] != ws.shape[1]:
+        raise ValueError(f"For '{name}', 'student_hidden' {hs.shape} does not match 'student_weight' {ws.shape}.")
+    if wt is not None and (ht.shape[-1] != wt.shape[1] or wt.shape[0] != vocab):
+        raise ValueError(f"For '{name}', 'teacher_hidden' {ht.shape} and 'teacher_weight' {wt.shape} do not "
+                         f"match each other or the student's vocabulary ({vocab}).")
+    if wt is None and ht.shape[-1] != vocab:
+        raise ValueError(f"For '{name}', 'teacher_logits' {ht.shape} must end in the vocabulary size {vocab}.")
+    if hs.shape[:-1] != ht.shape[:-1]:
+        raise ValueError(f"For '{name}', student and teacher rows differ: {hs.shape[:-1]} vs {ht.shape[:-1]}.")
+    for arg, value in (("student_bias", bs), ("teacher_bias", bt)):
+        if value is not None and (not isinstance(value, Tensor) or value.dtype not in _validation.FLOAT_DTYPES
+                                  or tuple(value.shape) != (vocab,)):
+            raise ValueError(f"For '{name}', '{arg}' must be a floating Tensor of shape ({vocab},).")
+    if labels is None:
+        if hard_weight != 0:
+            raise ValueError(f"For '{name}', 'labels' are required when 'hard_weight' is not 0.")
+    else:
+        if not isinstance(labels, Tensor) or labels.dtype not in (ms.int32, ms.int64):
+            raise TypeError(f"For '{name}', 'labels' must be an int32 or int64 Tensor.")
+        if tuple(labels.shape) != tuple(hs.shape[:-1]):
+            raise ValueError(f"For '{name}', 'labels' must have shape {tuple(hs.shape[:-1])}, "
+                             f"but got {tuple(labels.shape)}.")
