@@ -72,10 +72,27 @@ class KDLoss(nn.Cell):
         return self.alpha * self.ce(logits, y) + (1 - self.alpha) * kd
 
 
+class FusedHeadKDLoss(nn.Cell):
+    """The same objective with the student's last layer inside FusedLinearDistillationLoss: the head's logits
+    are made chunk by chunk and never held whole (what a large-vocabulary student needs)."""
+
+    def __init__(self, net, temperature=2.0, alpha=0.5):
+        super().__init__()
+        self.net = net
+        self.loss = ms_kldiv.FusedLinearDistillationLoss(temperature, hard_weight=alpha, soft_weight=1 - alpha,
+                                                         chunk_size=5)
+
+    def construct(self, x, y, teacher_logits):
+        hidden = self.net.relu(self.net.fc1(x))
+        return self.loss.from_teacher_logits(hidden, self.net.fc2.weight, teacher_logits, y, self.net.fc2.bias)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--out", default=None, help="directory for the final parameters (.npz per rank)")
+    parser.add_argument("--loss", choices=("kldiv", "fused-linear"), default="kldiv",
+                        help="KLDivLoss on the logits, or FusedLinearDistillationLoss on the last hidden layer")
     args = parser.parse_args()
     start = time.time()
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -93,7 +110,7 @@ def main():
 
     x, labels, teacher_logits = make_data(args.steps)
     net = Student()
-    loss_net = KDLoss(net)
+    loss_net = KDLoss(net) if args.loss == "kldiv" else FusedHeadKDLoss(net)
     step = nn.TrainOneStepCell(loss_net, nn.Momentum(net.trainable_params(), learning_rate=0.1, momentum=0.9))
     step.set_train()
     losses = []

@@ -13,11 +13,12 @@ _keep_cwd_clean()
 from . import backends  # noqa: E402
 from .distillation import DistillationLoss, distillation_loss  # noqa: E402
 from .functional import kl_div  # noqa: E402
+from .fused_linear import FusedLinearDistillationLoss  # noqa: E402
 from . import nn  # noqa: E402
 from .nn import KLDivLoss  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["kl_div", "KLDivLoss", "nn", "distillation_loss", "DistillationLoss", "backend_names", "backend_info"]
+__all__ = ["kl_div", "KLDivLoss", "nn", "distillation_loss", "DistillationLoss", "FusedLinearDistillationLoss", "backend_names", "backend_info"]
 
 
 def backend_names():

@@ -1,5 +1,6 @@
-"""Data-parallel training with KLDivLoss under msrun: 2 CPU workers (mccl) must end with identical parameters,
-equal to one process trained on the concatenated batches (examples/distributed_kd.py does the training)."""
+"""Data-parallel training under msrun, with KLDivLoss and with FusedLinearDistillationLoss: 2 CPU workers (mccl)
+must end with identical parameters, equal to one process trained on the concatenated batches
+(examples/distributed_kd.py does the training)."""
 import os
 import shutil
 import signal
@@ -61,20 +62,22 @@ def _load(path):
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("msrun", path=os.path.dirname(sys.executable)) is None
                     and shutil.which("msrun") is None, reason="msrun (MindSpore's launcher) is not installed")
-def test_data_parallel_matches_single_process(tmp_path):
+@pytest.mark.parametrize("loss", ["kldiv", "fused-linear"])
+def test_data_parallel_matches_single_process(tmp_path, loss):
     cwd, out_dir, log_dir = tmp_path / "cwd", tmp_path / "params", tmp_path / "logs"
     cwd.mkdir()
     msrun = shutil.which("msrun", path=os.path.dirname(sys.executable)) or shutil.which("msrun")
     rc, out = _run([msrun, "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
                     f"--master_port={_free_port()}", "--join=True", "--cluster_time_out=120",
-                    f"--log_dir={log_dir}", SCRIPT, "--steps", str(STEPS), "--out", str(out_dir)],
+                    f"--log_dir={log_dir}", SCRIPT, "--steps", str(STEPS), "--out", str(out_dir), "--loss", loss],
                    cwd, "msrun")
     logs = "".join(p.read_text(errors="replace")[-3000:] for p in sorted(log_dir.glob("*.log")))
     assert rc == 0, f"msrun failed (rc={rc}):\n{out[-3000:]}\n{logs}"
     for rank in (0, 1):
         assert f"rank {rank}/2:" in logs, f"worker {rank} did not report:\n{logs}"
 
-    rc, single_out = _run([sys.executable, SCRIPT, "--steps", str(STEPS), "--out", str(out_dir)], cwd, "single")
+    rc, single_out = _run([sys.executable, SCRIPT, "--steps", str(STEPS), "--out", str(out_dir), "--loss", loss],
+                          cwd, "single")
     assert rc == 0, single_out[-3000:]
     assert "rank 0/1:" in single_out
 
