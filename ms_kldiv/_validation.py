@@ -3,6 +3,7 @@
 These run in PyNative and, at compile time, inside GRAPH_MODE / ``ms.jit`` (shapes and dtypes are constants
 there), so they use only plain Python on shapes, dtypes and strings.
 """
+import math
 import warnings
 
 import mindspore as ms
@@ -82,14 +83,54 @@ def promote(dtype_a, dtype_b):
     return ms.float32
 
 
-def check_tensors(input, target, name="kl_div"):
-    """Type, dtype and shape checks; returns the dtype both operands are computed in."""
-    for arg_name, value in (("input", input), ("target", target)):
+def check_tensors(input, target, name="kl_div", names=("input", "target"), min_rank=0):
+    """Type, dtype and shape checks; returns the dtype both operands are computed in. ``min_rank``: the least
+    number of dims each operand must have (1 for logits: the classes are on the last axis)."""
+    for arg_name, value in zip(names, (input, target)):
         if not isinstance(value, Tensor):
             raise TypeError(f"For '{name}', '{arg_name}' must be a mindspore.Tensor, "
                             f"but got {type(value).__name__}.")
         if value.dtype not in FLOAT_DTYPES:
             raise TypeError(f"For '{name}', '{arg_name}' must have a floating dtype "
                             f"(float16, bfloat16, float32, float64), but got {value.dtype}.")
-    kldiv_broadcast_shape(ops.shape(input), ops.shape(target), name)
+        if value.ndim < min_rank:
+            raise ValueError(f"For '{name}', '{arg_name}' must have at least {min_rank} dimension(s) (the classes "
+                             f"on the last axis), but got a {value.ndim}-d Tensor.")
+    kldiv_broadcast_shape(ops.shape(input), ops.shape(target), name, names)
     return promote(input.dtype, target.dtype)
+
+
+def check_number(value, arg_name, name, low=-math.inf, high=math.inf, low_open=False):
+    """A finite int or float in [low, high] ((low, high] with ``low_open``); bool is refused (an int subclass,
+    always a mistake here)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"For '{name}', '{arg_name}' must be an int or float, "
+                        f"but got {type(value).__name__}: {value!r}.")
+    if not math.isfinite(value) or value < low or value > high or (low_open and value == low):
+        bound = f"({low}, {high}]" if low_open else f"[{low}, {high}]"
+        raise ValueError(f"For '{name}', '{arg_name}' must be a finite number in {bound}, but got {value!r}.")
+
+
+def check_temperature(temperature, name):
+    check_number(temperature, "temperature", name, 0.0, math.inf, low_open=True)
+
+
+def check_int(value, arg_name, name):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"For '{name}', '{arg_name}' must be an int, but got {type(value).__name__}: {value!r}.")
+
+
+INT_DTYPES = (ms.int32, ms.int64)
+
+
+def check_labels(labels, rows_shape, name):
+    """``labels``: None, or an int32/int64 Tensor of the logits' leading shape."""
+    if labels is None:
+        return
+    if not isinstance(labels, Tensor):
+        raise TypeError(f"For '{name}', 'labels' must be a mindspore.Tensor or None, but got {type(labels).__name__}.")
+    if labels.dtype not in INT_DTYPES:
+        raise TypeError(f"For '{name}', 'labels' must have dtype int32 or int64, but got {labels.dtype}.")
+    if None not in tuple(rows_shape) and -1 not in tuple(rows_shape) and tuple(labels.shape) != tuple(rows_shape):
+        raise ValueError(f"For '{name}', 'labels' must have the logits' leading shape {tuple(rows_shape)}, "
+                         f"but got {tuple(labels.shape)}.")

@@ -9,47 +9,66 @@ gets no gradient, which silently breaks trainable teachers and mutual learning.
 import math
 
 import mindspore as ms
-from mindspore import Tensor, nn, ops
+from mindspore import nn, ops
+from mindspore.ops import constexpr
 
 from . import _validation
 from .functional import kl_div
 
 _NAME = "distillation_loss"
+_NEG_INF = float("-inf")
 
 
-def _check_temperature(temperature, name):
-    # bool is an int subclass; True as a temperature is always a mistake.
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise TypeError(f"For '{name}', 'temperature' must be a positive finite int or float, "
-                        f"but got {type(temperature).__name__}: {temperature!r}.")
-    if not (math.isfinite(temperature) and temperature > 0):
-        raise ValueError(f"For '{name}', 'temperature' must be a positive finite number, but got {temperature!r}.")
+@constexpr
+def _f64(value):
+    return ms.Tensor(value, ms.float64)
 
 
-def _check_args(student_logits, teacher_logits, temperature, reduction, name):
+@constexpr
+def _jsd_constants(beta):
+    """beta, 1 - beta and their logs, computed in Python: graph mode does arithmetic on constants (and
+    math.log1p) in float32."""
+    return tuple(ms.Tensor(v, ms.float64) for v in (beta, 1.0 - beta, math.log(beta), math.log1p(-beta)))
+
+
+@constexpr
+def _squared(value):
+    return ms.Tensor(value * value, ms.float64)
+
+
+def _const(value, like):
+    """A Python number as a 0-d tensor of ``like``'s dtype. MindSpore turns a bare Python float into float32
+    before it meets a float64 tensor (``x + math.log(0.1)`` is off by 3e-8), and graph mode holds float
+    constants as float32; a constexpr builds the tensor in Python, at full precision, in both modes."""
+    return ops.cast(_f64(value), like.dtype)
+
+
+def _check_options(temperature, reduction, beta, ignore_index, name):
+    _validation.check_temperature(temperature, name)
+    _validation.check_reduction(reduction, True, name)
+    _validation.check_number(beta, "beta", name, 0.0, 1.0)
+    _validation.check_int(ignore_index, "ignore_index", name)
+
+
+def _check_args(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, name):
     """All checks, before anything runs; returns the promoted dtype. Plain Python, so it also runs at graph
     compile time."""
-    _check_temperature(temperature, name)
-    _validation.check_reduction(reduction, True, name)
-    for arg_name, value in (("student_logits", student_logits), ("teacher_logits", teacher_logits)):
-        if not isinstance(value, Tensor):
-            raise TypeError(f"For '{name}', '{arg_name}' must be a mindspore.Tensor, but got {type(value).__name__}.")
-        if value.dtype not in _validation.FLOAT_DTYPES:
-            raise TypeError(f"For '{name}', '{arg_name}' must have a floating dtype "
-                            f"(float16, bfloat16, float32, float64), but got {value.dtype}.")
-        if value.ndim < 1:
-            raise ValueError(f"For '{name}', '{arg_name}' must have at least 1 dimension (the classes on the "
-                             f"last axis), but got a 0-d Tensor.")
-    _validation.kldiv_broadcast_shape(ops.shape(student_logits), ops.shape(teacher_logits), name,
-                                      ("student_logits", "teacher_logits"))
-    return _validation.promote(student_logits.dtype, teacher_logits.dtype)
+    _check_options(temperature, reduction, beta, ignore_index, name)
+    dtype = _validation.check_tensors(student_logits, teacher_logits, name, ("student_logits", "teacher_logits"),
+                                      min_rank=1)
+    if labels is not None:
+        if student_logits.shape != teacher_logits.shape:
+            raise ValueError(f"For '{name}', 'labels' needs student and teacher logits of one shape, but got "
+                             f"{student_logits.shape} and {teacher_logits.shape}.")
+        _validation.check_labels(labels, student_logits.shape[:-1], name)
+    return dtype
 
 
 def _log_probs(logits, temperature, compute_dtype):
     if logits.dtype != compute_dtype:
         logits = ops.cast(logits, compute_dtype)
     if temperature != 1:
-        logits = logits / temperature
+        logits = logits / _const(temperature, logits)
     if compute_dtype == ms.float64:
         # MindSpore's CPU LogSoftmax computes float64 at float32 accuracy (~3e-6 error, measured in 2.10).
         return _log_softmax_exact(logits)
@@ -65,17 +84,58 @@ def _log_softmax_exact(z):
     return shifted - ops.log(ops.sum(ops.exp(shifted), -1, keepdim=True))
 
 
-def _distill(student_logits, teacher_logits, temperature, reduction, backend, dtype):
+def _log_mixture(log_p_student, log_p_teacher, beta):
+    """log(beta * P_t + (1 - beta) * P_s), stable. Lanes where both are -inf (a class masked in both models) get
+    safe operands and -inf after, so that no gradient sees exp(-inf - -inf)."""
+    both = ops.logical_and(log_p_student == _NEG_INF, log_p_teacher == _NEG_INF)
+    _, _, log_beta, log_1m_beta = _jsd_constants(beta)
+    a = ops.where(both, 0.0, log_p_teacher) + ops.cast(log_beta, log_p_teacher.dtype)
+    b = ops.where(both, 0.0, log_p_student) + ops.cast(log_1m_beta, log_p_student.dtype)
+    m = ops.stop_gradient(ops.maximum(a, b))
+    mixed = m + ops.log(ops.exp(a - m) + ops.exp(b - m))
+    return ops.where(both, _NEG_INF, mixed)
+
+
+def _divergence(log_p_student, log_p_teacher, beta, reduction, backend):
+    """The divergence of the two log-distributions: forward KL (beta 0), reverse KL (beta 1), else the
+    generalized Jensen-Shannon divergence beta * KL(P_t || M) + (1 - beta) * KL(P_s || M)."""
+    if beta == 0:
+        return kl_div(log_p_student, log_p_teacher, reduction=reduction, log_target=True, backend=backend)
+    if beta == 1:
+        return kl_div(log_p_teacher, log_p_student, reduction=reduction, log_target=True, backend=backend)
+    log_m = _log_mixture(log_p_student, log_p_teacher, beta)
+    w_teacher, w_student, _, _ = _jsd_constants(beta)
+    return (ops.cast(w_teacher, log_m.dtype) * kl_div(log_m, log_p_teacher, reduction=reduction, log_target=True,
+                                                       backend=backend)
+            + ops.cast(w_student, log_m.dtype) * kl_div(log_m, log_p_student, reduction=reduction, log_target=True,
+                                                        backend=backend))
+
+
+def _distill(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend, dtype):
     # Half types: softmax in float16 loses most of the tail mass the student learns from, so compute in float32
     # (kl_div widens half types internally anyway) and cast the result back.
     compute_dtype = ms.float32 if dtype in _validation.HALF_DTYPES else dtype
     log_p_student = _log_probs(student_logits, temperature, compute_dtype)
     log_p_teacher = _log_probs(teacher_logits, temperature, compute_dtype)
-    # A 1-D logits vector is a single distribution: a batch of one, so 'batchmean' is its sum.
-    kl_reduction = "sum" if (reduction == "batchmean" and student_logits.ndim == 1) else reduction
-    loss = kl_div(log_p_student, log_p_teacher, reduction=kl_reduction, log_target=True, backend=backend)
+    if labels is None:
+        # A 1-D logits vector is a single distribution: a batch of one, so 'batchmean' is its sum.
+        kl_reduction = "sum" if (reduction == "batchmean" and student_logits.ndim == 1) else reduction
+        loss = _divergence(log_p_student, log_p_teacher, beta, kl_reduction, backend)
+    else:
+        # Rows whose label is ignore_index contribute 0 and leave the 'mean'/'batchmean' denominators.
+        keep = ops.expand_dims(labels != ignore_index, -1)
+        pointwise = ops.where(keep, _divergence(log_p_student, log_p_teacher, beta, "none", backend), 0.0)
+        if reduction == "none":
+            loss = pointwise
+        else:
+            loss = ops.sum(pointwise)
+            if reduction != "sum":
+                rows = ops.sum(ops.cast(keep, compute_dtype))
+                if reduction == "mean":
+                    rows = rows * student_logits.shape[-1]
+                loss = loss / ops.maximum(rows, 1.0)
     if temperature != 1:
-        loss = loss * (temperature * temperature)
+        loss = loss * ops.cast(_squared(temperature), loss.dtype)
     # kl_div returns compute_dtype; decided from the constants rather than loss.dtype, which a custom op's
     # Python type inference leaves unknown until run time in a dynamic-shape graph.
     if compute_dtype != dtype:
@@ -83,18 +143,25 @@ def _distill(student_logits, teacher_logits, temperature, reduction, backend, dt
     return loss
 
 
-def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction="batchmean", *, backend="auto"):
+def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction="batchmean", *, beta=0.0,
+                      labels=None, ignore_index=-100, backend="auto"):
     r"""
-    Knowledge-distillation loss (Hinton et al., 2015) from raw logits: the temperature-scaled KL divergence
-    from the teacher's distribution to the student's, over the last axis.
+    Knowledge-distillation loss (Hinton et al., 2015) from raw logits: a temperature-scaled divergence between
+    the teacher's and the student's distributions over the last axis, forward KL by default.
 
     .. math::
         \begin{aligned}
-        q &= \operatorname{softmax}(z_{teacher} / T), \qquad
-        \log p = \operatorname{log\_softmax}(z_{student} / T) \\
-        \ell &= T^2 \sum_{c} q_c \,(\log q_c - \log p_c)
-              = T^2 \cdot \mathrm{KL}(q \,\|\, p)
+        P_t &= \operatorname{softmax}(z_{teacher} / T), \qquad P_s = \operatorname{softmax}(z_{student} / T),
+        \qquad M = \beta P_t + (1 - \beta) P_s \\
+        \ell &= T^2 \cdot \begin{cases} \mathrm{KL}(P_t \,\|\, P_s) & \beta = 0 \\
+                 \mathrm{KL}(P_s \,\|\, P_t) & \beta = 1 \\
+                 \beta\,\mathrm{KL}(P_t \,\|\, M) + (1 - \beta)\,\mathrm{KL}(P_s \,\|\, M) & 0 < \beta < 1
+                 \end{cases}
         \end{aligned}
+
+    For :math:`0 < \beta < 1` this is TRL's ``generalized_jsd_loss`` times :math:`T^2` (Liger-Kernel's
+    ``LigerJSD`` with the same ``beta``); :math:`\beta = 0` is torchtune's ``ForwardKLLoss`` and
+    :math:`\beta = 1` its ``ReverseKLLoss``, both times :math:`T^2`.
 
     Soft-target gradients shrink as :math:`1/T^2`; the :math:`T^2` factor keeps their scale roughly independent
     of :math:`T`, so the loss can be mixed with a cross-entropy term without retuning the weight. Both
@@ -125,6 +192,12 @@ def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction
             :func:`ms_kldiv.kl_div`. ``'batchmean'`` (the KL divergence per sample) divides the sum by
             ``student_logits.shape[0]``; a 1-D `student_logits` is one sample. ``'mean'`` also divides by the
             number of classes. Default: ``'batchmean'``.
+        beta (float, optional): Interpolation in [0, 1] between forward KL (0) and reverse KL (1); in between,
+            the generalized Jensen-Shannon divergence. Default: ``0.0``.
+        labels (Tensor, optional): int32/int64 labels of the logits' leading shape (one per row/token); rows
+            whose label equals `ignore_index` contribute 0 and are left out of the ``'mean'``/``'batchmean'``
+            denominators; all rows ignored gives 0. Needs logits of one shape. Default: ``None``.
+        ignore_index (int, optional): The label of ignored rows. Default: ``-100``.
         backend (str, optional): Implementation of the KL divergence, as in :func:`ms_kldiv.kl_div`.
             Default: ``'auto'``.
 
@@ -151,8 +224,9 @@ def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction
         >>> print(loss.shape, loss.dtype, f"{float(loss):.4f}")
         () Float32 0.2661
     """
-    dtype = _check_args(student_logits, teacher_logits, temperature, reduction, _NAME)
-    return _distill(student_logits, teacher_logits, temperature, reduction, backend, dtype)
+    dtype = _check_args(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, _NAME)
+    return _distill(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend,
+                    dtype)
 
 
 class DistillationLoss(nn.Cell):
@@ -163,11 +237,14 @@ class DistillationLoss(nn.Cell):
     Args:
         temperature (Union[int, float], optional): Softmax temperature :math:`T > 0`. Default: ``1.0``.
         reduction (str, optional): ``'none'`` | ``'mean'`` | ``'batchmean'`` | ``'sum'``. Default: ``'batchmean'``.
+        beta (float, optional): 0 forward KL, 1 reverse KL, in between generalized JSD. Default: ``0.0``.
+        ignore_index (int, optional): The label of ignored rows. Default: ``-100``.
         backend (str, optional): Implementation, as in :func:`ms_kldiv.kl_div`. Default: ``'auto'``.
 
     Inputs:
         - **student_logits** (Tensor) - Logits of the student, classes on the last axis.
         - **teacher_logits** (Tensor) - Logits of the teacher, broadcastable with `student_logits`.
+        - **labels** (Tensor, optional) - Labels of the leading shape; rows equal to `ignore_index` are ignored.
 
     Outputs:
         Tensor of the promoted dtype: the broadcast shape for ``'none'``, else a 0-d Tensor.
@@ -180,17 +257,21 @@ class DistillationLoss(nn.Cell):
         ``Ascend`` ``GPU`` ``CPU``
     """
 
-    def __init__(self, temperature=1.0, reduction="batchmean", *, backend="auto"):
+    def __init__(self, temperature=1.0, reduction="batchmean", *, beta=0.0, ignore_index=-100, backend="auto"):
         super().__init__()
-        _check_temperature(temperature, "DistillationLoss")
-        _validation.check_reduction(reduction, True, "DistillationLoss")
+        _check_options(temperature, reduction, beta, ignore_index, "DistillationLoss")
         self.temperature = float(temperature)
         self.reduction = reduction
+        self.beta = float(beta)
+        self.ignore_index = ignore_index
         self.backend = backend
 
-    def construct(self, student_logits, teacher_logits):
-        dtype = _check_args(student_logits, teacher_logits, self.temperature, self.reduction, "DistillationLoss")
-        return _distill(student_logits, teacher_logits, self.temperature, self.reduction, self.backend, dtype)
+    def construct(self, student_logits, teacher_logits, labels=None):
+        dtype = _check_args(student_logits, teacher_logits, self.temperature, self.reduction, self.beta, labels,
+                            self.ignore_index, "DistillationLoss")
+        return _distill(student_logits, teacher_logits, self.temperature, self.reduction, self.beta, labels,
+                        self.ignore_index, self.backend, dtype)
 
     def extend_repr(self):
-        return f"temperature={self.temperature}, reduction={self.reduction!r}, backend={self.backend!r}"
+        return (f"temperature={self.temperature}, reduction={self.reduction!r}, beta={self.beta}, "
+                f"ignore_index={self.ignore_index}, backend={self.backend!r}")

@@ -89,6 +89,10 @@ class _FusedCore(nn.Cell):
         self.teacher_logits = teacher_logits
 
     def _chunks(self, rows, vocab):
+        if not isinstance(rows, int) or rows < 0:
+            # A dynamic row count in graph mode: the compiler cannot unroll an unknown number of chunks, so the
+            # rows are one chunk (same values and gradients; the memory saving needs static shapes or PyNative).
+            return ((0, None),)
         size = self.chunk_size if self.chunk_size is not None else default_chunk_size(rows, vocab)
         return tuple((i, min(i + size, rows)) for i in range(0, rows, size))
 

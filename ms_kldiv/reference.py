@@ -97,3 +97,54 @@ def kl_div_grads(x, t, reduction="mean", log_target=False, dout=None):
     g = np.ones(out_shape) if dout is None else np.broadcast_to(np.asarray(dout, np.float64), out_shape)
     with np.errstate(all="ignore"):
         return sum_to(dx * g * s, x.shape), sum_to(dt * g * s, t.shape)
+
+
+# ------------------------------------------------------------------------------------------ distillation
+def log_softmax(z):
+    """Stable log-softmax over the last axis, float64 (a row of all -inf gives NaN)."""
+    z = np.asarray(z, np.float64)
+    m = np.max(z, axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(all="ignore"):
+        return z - m - np.log(np.sum(np.exp(z - m), axis=-1, keepdims=True))
+
+
+def distillation_pointwise(student_logits, teacher_logits, temperature=1.0, beta=0.0):
+    """The pointwise terms (summing over the last axis gives one row's divergence), float64, times T^2:
+    TRL's ``generalized_jsd_loss`` definition (log-softmax of logits / T; beta 0 forward KL(P_t || P_s), beta 1
+    reverse KL(P_s || P_t), else beta KL(P_t || M) + (1 - beta) KL(P_s || M) with the mixture's log taken as
+    logsumexp(log P_s + log(1 - beta), log P_t + log beta)), with the zero-mass rule of ``kl_div``."""
+    ls = log_softmax(np.asarray(student_logits, np.float64) / temperature)
+    lt = log_softmax(np.asarray(teacher_logits, np.float64) / temperature)
+    if beta == 0:
+        terms = pointwise_loss(ls, lt, log_target=True)
+    elif beta == 1:
+        terms = pointwise_loss(lt, ls, log_target=True)
+    else:
+        with np.errstate(all="ignore"):
+            lm = np.logaddexp(ls + np.log1p(-beta), lt + np.log(beta))
+        terms = beta * pointwise_loss(lm, lt, log_target=True) + (1 - beta) * pointwise_loss(lm, ls, log_target=True)
+    return terms * temperature ** 2
+
+
+def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction="batchmean", beta=0.0,
+                      labels=None, ignore_index=-100):
+    """``ms_kldiv.distillation_loss`` in float64: rows whose label is ``ignore_index`` contribute 0 and leave the
+    'mean' / 'batchmean' denominators (0 when every row is ignored)."""
+    terms = distillation_pointwise(student_logits, teacher_logits, temperature, beta)
+    if labels is None:
+        student_shape = np.shape(student_logits)
+        red = "sum" if (reduction == "batchmean" and len(student_shape) == 1) else reduction
+        if red == "none":
+            return terms
+        with np.errstate(all="ignore"):
+            return np.asarray(terms.sum() * reduction_scale(red, student_shape, terms.shape))
+    keep = (np.asarray(labels) != ignore_index)[..., None]
+    terms = np.where(keep, terms, 0.0)
+    if reduction == "none":
+        return terms
+    rows = float(keep.sum()) * (terms.shape[-1] if reduction == "mean" else 1)
+    total = terms.sum()
+    if reduction == "sum":
+        return np.asarray(total)
+    return np.asarray(total / max(rows, 1.0))
