@@ -26,7 +26,10 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-LIB_NAMES = {"CPU": "libkldiv_cpu.so", "GPU": "libkldiv_cuda.so"}
+#: The CPU library with the benchmark's and the pool tests' diagnostic exports (never shipped, built on demand).
+DIAGNOSTICS = "CPU+diagnostics"
+LIB_NAMES = {"CPU": "libkldiv_cpu.so", "GPU": "libkldiv_cuda.so", DIAGNOSTICS: "libkldiv_cpu_diag.so"}
+_DIAG_FLAGS = ["-DKLDIV_DIAGNOSTICS"]
 ABI_SYMBOL = "KLDivLibInfo"
 
 CXX_FLAGS = ["-O3", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-DNDEBUG",
@@ -84,13 +87,13 @@ def source_dir():
 
 
 def _sources(src, device):
-    if device == "CPU":
+    if device != "GPU":
         return sorted(glob.glob(os.path.join(src, "cpu", "*.cc")))
     return sorted(glob.glob(os.path.join(src, "gpu", "*.cu")))
 
 
 def _headers(src, device):
-    sub = "cpu" if device == "CPU" else "gpu"
+    sub = "gpu" if device == "GPU" else "cpu"
     pats = ("*.h", "*.inc", "*.cuh")
     return sorted(p for d in ("common", sub) for pat in pats for p in glob.glob(os.path.join(src, d, pat)))
 
@@ -113,7 +116,8 @@ def source_hash(device, src=None):
     """Hash of everything that determines the library: sources, headers, flags, compiler."""
     src = src or source_dir()
     h = hashlib.sha256()
-    flags = CXX_FLAGS if device == "CPU" else NVCC_FLAGS + (nvcc_arch_flags(_nvcc()) if _nvcc() else [])
+    flags = {"CPU": CXX_FLAGS, DIAGNOSTICS: CXX_FLAGS + _DIAG_FLAGS}.get(device) or \
+        NVCC_FLAGS + (nvcc_arch_flags(_nvcc()) if _nvcc() else [])
     h.update(repr((device, flags, _compiler_id(device))).encode())
     for p in _sources(src, device) + _headers(src, device):
         h.update(os.path.relpath(p, src).encode())
@@ -187,7 +191,7 @@ def _run_parallel(cmds, cwd):
 
 
 # ------------------------------------------------------------------------------------------------ builds
-def _build_cpu(src, out_path, tmp):
+def _build_cpu(src, out_path, tmp, flags=()):
     cxx = _cxx()
     if not cxx:
         raise BuildError("no C++ compiler found (install g++ or set CXX)")
@@ -197,7 +201,7 @@ def _build_cpu(src, out_path, tmp):
         cmds, objs = [], []
         for cc in _sources(src, "CPU"):
             obj = os.path.join(tmp, os.path.basename(cc) + ".o")
-            cmds.append([cxx, *CXX_FLAGS, *extra, *_file_flags(cc), *include, "-c", cc, "-o", obj])
+            cmds.append([cxx, *CXX_FLAGS, *flags, *extra, *_file_flags(cc), *include, "-c", cc, "-o", obj])
             objs.append(obj)
         _run_parallel(cmds, tmp)
         libs = ["-lm", "-pthread"] + (["-lmvec"] if "-DKLDIV_NO_LIBMVEC" not in extra else [])
@@ -232,13 +236,35 @@ def build_one(device, out_dir, src=None):
     final = os.path.join(out_dir, name)
     with tempfile.TemporaryDirectory(prefix="ms_kldiv_build_") as tmp:
         tmp_lib = os.path.join(tmp, name)
-        (_build_cpu if device == "CPU" else _build_cuda)(src, tmp_lib, tmp)
-        staged = final + f".tmp{os.getpid()}"
-        shutil.copyfile(tmp_lib, staged)
-        os.replace(staged, final)  # a process that already loaded the old file keeps its mapping
-    with open(final + ".stamp", "w", encoding="utf-8") as f:
-        f.write(source_hash(device, src))
+        if device == "GPU":
+            _build_cuda(src, tmp_lib, tmp)
+        else:
+            _build_cpu(src, tmp_lib, tmp, _DIAG_FLAGS if device == DIAGNOSTICS else ())
+        # The stamp first (names the sources, the size and the hash of the library), then the library, each written
+        # under a temporary name and renamed: an interrupted build or a full disk never leaves a partial file that
+        # passes the check (a process that already loaded the old library keeps its mapping).
+        _write_atomically(final + ".stamp", f"{source_hash(device, src)}\n{_fingerprint(tmp_lib)}\n".encode())
+        with open(tmp_lib, "rb") as f:
+            _write_atomically(final, f.read())
     return final
+
+
+def _write_atomically(path, data):
+    staged = f"{path}.tmp{os.getpid()}"
+    with open(staged, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(staged, path)
+
+
+def _fingerprint(path):
+    """'<size> <sha256>' of a file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return f"{os.path.getsize(path)} {h.hexdigest()}"
 
 
 def build(out_dir, cuda=None, log=print):
@@ -281,11 +307,50 @@ def _file_lock(path):
 
 
 def _stamp_ok(lib, expected):
+    """The stamp names these sources (when known) and the library on disk is the one the stamp describes:
+    a truncated or corrupt library is never handed to the loader (mapping one crashes the process)."""
     try:
         with open(lib + ".stamp", encoding="utf-8") as f:
-            return expected is None or f.read().strip() == expected
+            lines = f.read().split("\n")
     except OSError:
-        return expected is None
+        return expected is None and elf_intact(lib)
+    if expected is not None and lines[0].strip() != expected:
+        return False
+    fingerprint = lines[1].strip() if len(lines) > 1 else ""
+    if not fingerprint:  # a stamp from before fingerprints: the structural check
+        return elf_intact(lib)
+    try:
+        size = int(fingerprint.split()[0])
+        return os.path.getsize(lib) == size and _fingerprint(lib) == fingerprint
+    except (OSError, ValueError):
+        return False
+
+
+def elf_intact(path):
+    """A structural check of an ELF shared library without loading it: the magic, and section and program header
+    tables that end inside the file (a truncated copy fails it)."""
+    import struct
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        return False
+    if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2:  # 64-bit ELF only
+        return False
+    order = "<" if head[5] == 1 else ">"
+    e_phoff, e_shoff = struct.unpack_from(order + "QQ", head, 32)
+    e_phentsize, e_phnum, e_shentsize, e_shnum = struct.unpack_from(order + "HHHH", head, 54)
+    return e_phoff + e_phentsize * e_phnum <= size and e_shoff + e_shentsize * e_shnum <= size
+
+
+def _candidates(device, expected):
+    """Where a library for ``device`` may be: the installed package's, then the per-user cache's."""
+    name = LIB_NAMES[device]
+    cands = [os.path.join(HERE, "_lib", name)] if device != DIAGNOSTICS else []
+    if expected:
+        cands.append(os.path.join(_load_env().cache_dir("lib", expected), name))
+    return cands
 
 
 def find_library(device):
@@ -294,13 +359,10 @@ def find_library(device):
     src = source_dir()
     expected = source_hash(device, src) if src else None
     override = os.environ.get("MS_KLDIV_LIB_DIR")
-    if override:  # an explicit choice is trusted as is
+    if override:  # an explicit choice is taken whatever sources it was built from, if it is intact
         p = os.path.join(override, name)
-        return p if os.path.isfile(p) else None
-    cands = [os.path.join(HERE, "_lib", name)]
-    if expected:
-        cands.append(os.path.join(_load_env().cache_dir("lib", expected), name))
-    for p in cands:
+        return p if os.path.isfile(p) and _stamp_ok(p, None) else None
+    for p in _candidates(device, expected):
         if os.path.isfile(p) and _stamp_ok(p, expected):
             return p
     return None
@@ -314,18 +376,22 @@ def ensure_library(device, log=None):
     if found:
         return found
     if os.environ.get("MS_KLDIV_LIB_DIR"):
-        raise BuildError(f"{LIB_NAMES[device]} not found in MS_KLDIV_LIB_DIR={os.environ['MS_KLDIV_LIB_DIR']}")
+        raise BuildError(f"{LIB_NAMES[device]} not found, or damaged, in "
+                         f"MS_KLDIV_LIB_DIR={os.environ['MS_KLDIV_LIB_DIR']}")
     if os.environ.get("MS_KLDIV_NO_BUILD", "") not in ("", "0"):
         raise BuildError(f"{LIB_NAMES[device]} is not built and MS_KLDIV_NO_BUILD is set")
     src = source_dir()
     if not src:
         raise BuildError(f"{LIB_NAMES[device]} is not built and the kernel sources are not installed")
-    if device == "CPU" and not _cxx():
+    if device != "GPU" and not _cxx():
         raise BuildError(f"{LIB_NAMES[device]} is not built and no C++ compiler was found (install g++ or set CXX)")
     if device == "GPU":
         reason = cuda_skipped_reason()
         if reason:
             raise BuildError(f"{LIB_NAMES[device]} is not built: {reason}")
+    damaged = [p for p in _candidates(device, source_hash(device, src)) if os.path.isfile(p)]
+    if damaged and log:
+        log(f"ms_kldiv: {', '.join(damaged)} does not match its build stamp (damaged or stale); building a new one")
     out_dir = _load_env().cache_dir("lib", source_hash(device, src))
     with _file_lock(os.path.join(out_dir, ".lock")):
         found = find_library(device)  # another process may have finished while we waited

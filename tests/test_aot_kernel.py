@@ -350,7 +350,7 @@ def test_sum_is_bitwise_independent_of_prefetch(tmp_path):
 POOL_CHECK = r"""
 import ctypes, threading
 from ms_kldiv import _build
-lib = ctypes.CDLL(_build.ensure_library('CPU'))
+lib = ctypes.CDLL(_build.ensure_library(_build.DIAGNOSTICS))  # the pool check is a diagnostics export
 lib.KLDivPoolCheck.restype = ctypes.c_int
 bad = {}
 def go(nchunks):
@@ -377,7 +377,7 @@ def test_pool_runs_every_chunk_exactly_once(tmp_path, threads):
 STEER_CHECK = r"""
 import ctypes, os, time
 from ms_kldiv import _build
-lib = ctypes.CDLL(_build.ensure_library('CPU'))
+lib = ctypes.CDLL(_build.ensure_library(_build.DIAGNOSTICS))  # the pool check is a diagnostics export
 lib.KLDivPoolCheck.restype = ctypes.c_int
 allowed = os.sched_getaffinity(0)
 assert lib.KLDivPoolCheck(64, 1) == 0  # the pool starts with this thread's CPUs

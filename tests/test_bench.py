@@ -8,7 +8,8 @@ import sys
 def test_bench_cli_smoke(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, "-m", "ms_kldiv.bench", "--sizes", "4K", "--modes", "fwd,grad", "--no-torch",
-           "--rows", "aot_jit,aot_kernel,composite_jit,akg_jit,ops_jit,roofline,jit_floor", "--min-time", "0.01", "--json", str(out)]
+           "--rows", "aot,aot_jit,composite_jit,akg_jit,ops_jit", "--min-time", "0.01", "--json", str(out),
+           "--paired-ref", "ops_jit", "--paired-rows", "aot_jit"]
     # GLOG_v=2: MindSpore's warnings on (the suite quiets them), so that the check below can fail
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, GLOG_v="2"))
@@ -17,35 +18,32 @@ def test_bench_cli_smoke(tmp_path):
     assert "has been compiled again" not in proc.stderr  # one ms.jit function per row, by design: not reported
     data = json.loads(out.read_text())
     text = json.dumps(data)
-    for label in ("ms_kldiv aot (ms.jit)", "ms_kldiv akg (ms.jit)", "stream read (C++, same threads)"):
+    for label in ("ms_kldiv aot (ms.jit)", "ms_kldiv akg (ms.jit)", "mindspore ops.kl_div (ms.jit)"):
         assert label in text
-    # aot_jit, the kernel alone and the ms.jit launch floor (default paired rows) were also timed in pairs with the streaming read, forward only
+    # every row was also timed in context (each call preceded by other work), and the table says so
+    for r in data["results"]:
+        assert r["error"] is None and r["ms"] > 0 and r["ms_context"] > 0, r
+    assert "in context" in proc.stdout
+    # the pairing runs only where asked: aot_jit with ops_jit
     paired = {(r["row"], r["mode"]): r.get("paired") for r in data["results"]}
-    assert paired[("aot_jit", "fwd")] > 0 and paired[("aot_jit", "grad")] is None
-    assert paired[("aot_kernel", "fwd")] > 0 and paired[("aot_kernel", "grad")] is None
-    assert paired[("jit_floor", "fwd")] > 0 and paired[("jit_floor", "grad")] is None
-    assert paired[("composite_jit", "fwd")] is None
-    assert "paired with stream read" in proc.stdout
-    # the aot rows' pairs are split by the library's clock; the launch floor runs no kernel of ours
-    split = {r["row"]: r.get("paired_split") for r in data["results"] if r["mode"] == "fwd"}
-    for row in ("aot_jit", "aot_kernel"):
-        before, kernel, after = split[row]
-        assert before >= 0 and kernel > 0 and after >= 0
-    assert split["jit_floor"] is None
-    assert "split by the kernel library's clock" in proc.stdout
+    assert paired[("aot_jit", "fwd")] > 0 and paired[("aot_jit", "grad")] > 0
+    assert paired[("composite_jit", "fwd")] is None and paired[("aot", "fwd")] is None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json"]
 
 
-def test_bench_cuda_option_explains_without_a_gpu(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "ms_kldiv.bench", "--cuda"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode in (0, 2), proc.stderr[-2000:]
-    assert "CUDA" in proc.stdout or "checkout" in proc.stdout
+def test_bench_cli_without_context(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "ms_kldiv.bench", "--sizes", "4K", "--modes", "fwd", "--no-torch",
+                           "--rows", "aot", "--min-time", "0.01", "--no-context", "--json", str(out)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert all("ms_context" not in r for r in json.loads(out.read_text())["results"])
+    assert "in context" not in proc.stdout
 
 
-def test_roofline_reads_the_mindspore_rows_buffers():
-    # The roofline must read the very bytes the kernel rows read: on this VM the fused forward's speed from DRAM
-    # depended on where its input buffers landed, the streaming read's did not (docs/cpu_aot.md).
+def test_tensor_memory_is_the_mindspore_rows_buffers():
+    # The study rows (benchmarks/kldiv_roofline.py) must read the very bytes the kernel rows read: the fused
+    # forward's speed from DRAM can depend on where its input buffers landed, a streaming read's does not.
     import numpy as np
     from ms_kldiv.bench import harness, rows
     n = 1 << 12
@@ -84,26 +82,6 @@ def test_paired_ratios_alternate_and_pair_each_call_with_its_neighbour(monkeypat
     assert ratios == [1.5] * 20
     timed = calls[2:]  # after the warm-up pair
     assert timed[:4] == ["ref", "fn", "fn", "ref"]  # the order alternates
-
-
-def test_kernel_row_computes_the_loss_on_the_mindspore_rows_buffers():
-    # The kernel-alone row times the forward the aot rows run, on their buffers: same symbol, same inputs, the
-    # same value as the float64 reference (and as ms_kldiv.kl_div through MindSpore, bit for bit).
-    import numpy as np
-    import ms_kldiv
-    from ms_kldiv import reference
-    from ms_kldiv.bench import rows
-    n = 3 << 12
-    for reduction in ("sum", "none"):
-        step = rows.kernel_factory(n, "float32", reduction, "fwd")
-        got = step()
-        xa, ta = rows._tensor_memory(n, "float32")
-        want = reference.kl_div(xa.astype(np.float64), ta.astype(np.float64), reduction=reduction)
-        np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
-        x, t = rows._tensors(n, "float32")
-        np.testing.assert_array_equal(got, ms_kldiv.kl_div(x, t, reduction=reduction, backend="aot").asnumpy())
-    assert rows.kernel_factory(n, "float32", "sum", "grad") is None
-    assert rows.kernel_factory(n, "bfloat16", "sum", "fwd") is None
 
 
 def test_paired_rows_take_turns_pair_by_pair(monkeypatch):
@@ -173,31 +151,6 @@ def test_paired_calls_split_by_the_kernel_span(monkeypatch):
     # without ``splits`` nobody reads the spans: the last one is still there to take
     harness.paired_ratios([fn], make("ref", 2.0), pairs=2, warmup=0)
     assert span() is not None
-
-
-def test_library_span_brackets_the_kernel_in_both_modes():
-    # The span the library records lies inside the Python call that ran the kernel, in PyNative (the host call)
-    # and under ms.jit (MindSpore's runtime calls the kernel from its own thread); it is taken once.
-    import time
-    import mindspore as ms
-    import ms_kldiv
-    from ms_kldiv.bench import rows
-    span = rows._library_span()
-    assert span is not None
-    x, t = rows._tensors(1 << 17, "float32")
-
-    def loss(a, b):
-        return ms_kldiv.kl_div(a, b, reduction="sum", backend="aot")
-    jitted = ms.jit(loss)
-    for call in (lambda: loss(x, t), lambda: jitted(x, t)):
-        call().asnumpy()
-        span()
-        t0 = time.perf_counter()
-        call().asnumpy()
-        t1 = time.perf_counter()
-        got = span()
-        assert got is not None and t0 <= got[0] <= got[1] <= t1, (t0, got, t1)
-        assert span() is None
 
 
 def test_split_of_middle_pairs_adds_up_to_the_middle_total():

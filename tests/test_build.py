@@ -68,48 +68,23 @@ def test_simd_units_vectorize_the_kernels(tmp_path, unit):
     assert len(vec) > 50, proc.stderr[-2000:]
 
 
-def _tool_check_lines(built_lib, tmp_path, name, *flags):
-    """Builds custom_ops/cpu/tools/<name>.cc against the shipped headers and returns the lines of its ``--check``
-    (which exits 0 and prints no MISMATCH when every form it times computes what the kernel computes). The tools are
-    built for AVX2 + FMA: the library's own CPU check says whether this CPU runs AVX2 code."""
+@needs_cxx
+def test_read_bandwidth_tool_reads_every_element_once(built_lib, tmp_path):
+    """benchmarks/cpu/read_bandwidth.cc (how fast this machine can read what a fused forward reads, the number no
+    forward can beat) reads every element of both arrays exactly once in every configuration it times: 3 sizes x 2 page
+    kinds x (the thread counts below all CPUs + all CPUs without and with two prefetch distances)."""
     isa = _build.library_isa(built_lib)
     if isa not in ("avx2", "avx512"):
         pytest.skip(f"this CPU does not run the library's AVX2 code (isa={isa})")
-    exe = tmp_path / name
-    tool = os.path.join(REPO, "custom_ops", "cpu", "tools", name + ".cc")
-    proc = subprocess.run([_build._cxx(), "-O3", "-std=c++17", "-mavx2", "-mfma", *flags, "-o", str(exe), tool],
+    exe = tmp_path / "read_bandwidth"
+    tool = os.path.join(REPO, "benchmarks", "cpu", "read_bandwidth.cc")
+    proc = subprocess.run([_build._cxx(), "-O3", "-std=c++17", "-mavx2", "-mfma", "-pthread", "-I",
+                           os.path.join(REPO, "custom_ops", "cpu"), "-o", str(exe), tool],
                           capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     proc = subprocess.run([str(exe), "--check"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0 and not any("MISMATCH" in ln for ln in lines), proc.stdout
-    return lines
-
-
-@needs_cxx
-def test_loop_variants_tool_computes_the_kernel_loop(built_lib, tmp_path):
-    """custom_ops/cpu/tools/loop_variants.cc (the timing behind docs/cpu_aot.md's loop table) builds against the
-    shipped headers, and its other loops give the shipped loop's sum: bit for bit where the order of the
-    additions is the same, within 1e-6 where the order (or, for the degree-2 timing probe, the polynomial) differs."""
-    lines = _tool_check_lines(built_lib, tmp_path, "loop_variants")
-    assert sum(ln.endswith(" ok") for ln in lines) == 24, lines  # 4 sizes x 6 loops
-
-
-@needs_cxx
-def test_chunk_layout_tool_computes_the_kernel_sum(built_lib, tmp_path):
-    """custom_ops/cpu/tools/chunk_layout.cc (the timing behind docs/cpu_aot.md's chunk-layout table) builds against
-    the shipped headers, and both ways of handing chunks to threads give the one-thread sum bit for bit: the layouts
-    it times differ in who computes which chunk when, not in what is computed."""
-    lines = _tool_check_lines(built_lib, tmp_path, "chunk_layout", "-pthread")
-    assert sum(ln.endswith(" ok") for ln in lines) == 8, lines  # 2 layouts x 2 chunk sizes x 2 thread counts
-
-
-@needs_cxx
-def test_read_bandwidth_tool_reads_every_element_once(built_lib, tmp_path):
-    """custom_ops/cpu/tools/read_bandwidth.cc (the reads behind docs/cpu_aot.md's "what no forward can beat" numbers)
-    reads every element of both arrays exactly once in every configuration it times: 3 sizes x 2 page kinds x (the
-    thread counts below all CPUs + all CPUs without and with two prefetch distances)."""
-    lines = _tool_check_lines(built_lib, tmp_path, "read_bandwidth", "-pthread")
     cpus = min(os.cpu_count() or 1, 64)
     configs = len([t for t in (1 << k for k in range(7)) if t < cpus]) + 3
     assert sum(ln.endswith(" ok") for ln in lines) == 6 * configs, lines
@@ -169,9 +144,9 @@ def test_setup_hook_loads_build_without_mindspore():
 
 def test_log_table_header_is_what_fit_logf_prints():
     """custom_ops/cpu/kldiv_logf_table.h (the inline log's constants, shared by the AVX2 and AVX-512 units) holds the
-    tables and polynomial that custom_ops/cpu/tools/fit_logf.py derives: the tables exactly."""
+    tables and polynomial that tools/fit_logf.py derives: the tables exactly."""
     import re
-    tool = os.path.join(REPO, "custom_ops", "cpu", "tools", "fit_logf.py")
+    tool = os.path.join(REPO, "tools", "fit_logf.py")
     proc = subprocess.run([sys.executable, tool], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     printed = dict(ln.split(" = ", 1) for ln in proc.stdout.splitlines() if " = " in ln)

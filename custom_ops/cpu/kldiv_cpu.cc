@@ -25,7 +25,9 @@
 
 #include "../common/kldiv_abi.h"
 #include "kldiv_cpu.h"
+#ifdef KLDIV_DIAGNOSTICS
 #include "kldiv_stream_read.h"
+#endif
 
 namespace kldiv {
 namespace cpu {
@@ -386,19 +388,24 @@ double scale_for(int reduction, int64_t n, int ndx, const int64_t* shx) {
   }
 }
 
+#ifdef KLDIV_DIAGNOSTICS
 int64_t monotonic_ns() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
-// Start and end of the last call (CLOCK_MONOTONIC ns), for KLDivTakeLastSpan; two vDSO clock reads per call.
+// Start and end of the last call (CLOCK_MONOTONIC ns), for KLDivTakeLastSpan: two clock reads per call, so only in
+// the diagnostics build.
 std::atomic<int64_t> g_span_start{0}, g_span_end{0};
+#endif
 
 // want: kForward, or the backward's gradients (kWantDx / kWantDt / kWantBoth; see kldiv_abi.h).
 int run(int want, int reduction, bool log_target, int nparam, void** params, int* ndims, int64_t** shapes,
         const char** dtypes) {
+#ifdef KLDIV_DIAGNOSTICS
   const int64_t start = monotonic_ns();
+#endif
   const bool fwd = want == kForward;
   if (nparam != nparam_for(want) || !params || !ndims || !shapes || !dtypes) return 1;
   const int dtype = parse_dtype(dtypes[0]);
@@ -447,8 +454,10 @@ int run(int want, int reduction, bool log_target, int nparam, void** params, int
     a.dt = it >= 0 ? params[it] : nullptr;
     table()->backward(&a);
   }
+#ifdef KLDIV_DIAGNOSTICS
   g_span_start.store(start);
   g_span_end.store(monotonic_ns());
+#endif
   return 0;
 }
 
@@ -508,6 +517,10 @@ KLDIV_EXPORT const char* KLDivLibInfo(void) {
   return info;
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// Diagnostics for the benchmark's studies and the pool's tests: only in libkldiv_cpu_diag.so (-DKLDIV_DIAGNOSTICS,
+// built by ms_kldiv._build.ensure_library("CPU", diagnostics=True)); the production library exports the ABI alone.
+#ifdef KLDIV_DIAGNOSTICS
 // The start and end of the last kernel call that returned 0 (CLOCK_MONOTONIC, ns, in out[0] and out[1]); returns 1,
 // or 0 when no call ended since the last take (out untouched). The benchmark brackets a timed MindSpore call with the
 // same clock and splits it into what came before the kernel, the kernel, and what came after (docs/cpu_aot.md, "Where
@@ -576,3 +589,4 @@ KLDIV_EXPORT int KLDivPoolCheck(int nchunks, int runs) {
   }
   return bad;
 }
+#endif  // KLDIV_DIAGNOSTICS

@@ -1,6 +1,6 @@
 // The constants of the CPU kernels' inline float32 log, shared by every vector width (kldiv_simd_avx2.h,
 // kldiv_simd_avx512.h), which evaluate the same operations lane for lane and so give the same bits.
-// The method is described at log_split in kldiv_simd_avx2.h; custom_ops/cpu/tools/fit_logf.py prints these values.
+// The method is described at log_split in kldiv_simd_avx2.h; tools/fit_logf.py prints these values.
 #pragma once
 
 #include <stdint.h>

@@ -94,7 +94,7 @@ KLDIV_SIMD_T Vec8<E> mul_add(Vec8<E> a, Vec8<E> b, Vec8<E> c) { return _mm256_fm
 // [-1/3, 1/3) needed 11. The interval holding 1 has c = 1 exactly (the table term is then exactly 0, r = z - 1:
 // full relative accuracy near 1) and reaches up to 1.0625, so that next to it |log x| is never much smaller than
 // |r| (r's rounding would otherwise show: 2.35 ulp with the split at 1.0234). Each other c is the float near the
-// interval's centre for which log c and log_t are closest to floats. custom_ops/cpu/tools/fit_logf.py prints the
+// interval's centre for which log c and log_t are closest to floats. tools/fit_logf.py prints the
 // tables and Q, which kldiv_logf_table.h holds (shared with kldiv_simd_avx512.h). Max error 1.54 ulp over every
 // positive normal float, against float64 (libmvec: 3.9 ulp); tests/test_aot_kernel.py sweeps it. On any other bit
 // pattern (0, negative, subnormal, inf, NaN) the result is wrong but finite: z always lands in [0.71875, 1.4375) and
@@ -103,8 +103,7 @@ struct LogParts {
   __m256 head;  // e*ln2 + log c
   __m256 r, r2, q;  // log1p(r) = r + r2 * q
 };
-// log_parts in two steps, head and r (log_split), then the polynomial (log_poly), so that
-// custom_ops/cpu/tools/loop_variants.cc can time loops split between them without restating either.
+// log_parts in two steps: head and r (log_split), then the polynomial (log_poly).
 KLDIV_SIMD_FN LogParts log_split(__m256 x) {
   namespace lt = kldiv::logf_table;
   const __m256i ix = _mm256_castps_si256(x);

@@ -1,6 +1,6 @@
 // The streaming read: both float32 arrays read once over [lo, hi), the bytes a fused kl_div forward must read. The
 // benchmark's roofline times it inside the library (KLDivStreamRead in kldiv_cpu.cc, on the library's pool), and
-// tools/read_bandwidth.cc times it outside (std::threads, 4 KB and 2 MB pages), so both measure the same loop.
+// benchmarks/cpu/read_bandwidth.cc times it outside (std::threads, 4 KB and 2 MB pages), so both measure the same loop.
 #pragma once
 
 #include <stdint.h>

@@ -1,5 +1,8 @@
 """Command line: ``python -m ms_kldiv.bench [--sizes 4K,1M] [--dtypes float32] [--reductions sum]
-[--modes fwd,grad] [--rows aot,ops_jit,...] [--no-torch] [--paired-ref roofline] [--json PATH] [--plot PATH]``."""
+[--modes fwd,grad] [--rows aot,ops_jit,...] [--no-torch] [--no-context] [--json PATH] [--plot PATH]``;
+``python -m ms_kldiv.bench distill ...`` and ``python -m ms_kldiv.bench fused-linear ...`` benchmark the
+distillation losses (``--help`` after the subcommand)."""
+import importlib
 import argparse
 import os
 import platform
@@ -30,7 +33,16 @@ def _quiet_recompile_warnings():
         pass
 
 
+#: Callables run before the rows are listed or timed (the study tool in benchmarks/ adds its rows here).
+EXTRA_ROWS = []
+#: Subcommands: modules of this package with a main(argv).
+SUBCOMMANDS = {"distill": "distill", "fused-linear": "fused_linear"}
+
+
 def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        return importlib.import_module(f"{__package__}.{SUBCOMMANDS[argv[0]]}").main(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m ms_kldiv.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="4K,64K,1M,4M,32M", help="element counts, e.g. 4K,1M,32M")
     ap.add_argument("--dtypes", default="float32", help="float32,float64,float16,bfloat16")
@@ -45,20 +57,16 @@ def main(argv=None):
     ap.add_argument("--stat", choices=("min", "median"), default="min",
                     help="statistic shown (both are in the JSON); min is robust to other load on the machine")
     ap.add_argument("--ref", default="aot", help="row the ratios are taken against")
-    ap.add_argument("--paired-ref", default="roofline",
-                    help="also time --paired-rows in alternating pairs with this row ('' turns it off)")
-    ap.add_argument("--paired-rows", default="aot_kernel,aot,aot_jit,jit_floor",
-                    help="rows timed in pairs with --paired-ref")
+    ap.add_argument("--paired-ref", default="",
+                    help="also time --paired-rows in alternating pairs with this row (which cancels a drifting "
+                         "machine's phases)")
+    ap.add_argument("--paired-rows", default="aot,aot_jit", help="rows timed in pairs with --paired-ref")
+    ap.add_argument("--no-context", action="store_true",
+                    help="time calls back to back only (by default each row is also timed in context: every call "
+                         "preceded by other work, as in a training step)")
     ap.add_argument("--json", default=None, help="write results as JSON here")
     ap.add_argument("--plot", default=None, help="write a PNG plot here (needs matplotlib)")
-    ap.add_argument("--cuda", action="store_true",
-                    help="instead: the CUDA kernels' bandwidth vs a device copy and torch (needs a CUDA device, "
-                         "torch with CUDA and a source checkout: runs tests/gpu/bench_bandwidth.py)")
-    args, rest = ap.parse_known_args(argv)
-    if args.cuda:
-        return _cuda_bandwidth(rest)
-    if rest:
-        ap.error(f"unrecognized arguments: {' '.join(rest)}")
+    args = ap.parse_args(argv)
 
     from .rows import register_default_rows  # imports torch first when wanted, then MindSpore
     if not args.no_torch:
@@ -73,6 +81,8 @@ def main(argv=None):
     ms.set_context(mode=ms.PYNATIVE_MODE)
     _quiet_recompile_warnings()
     register_default_rows(with_torch=not args.no_torch)
+    for extra in EXTRA_ROWS:
+        extra()
     if args.list:
         for key, label, _ in harness.rows():
             print(f"{key:15s} {label}")
@@ -90,7 +100,8 @@ def main(argv=None):
     results = harness.run(sizes=[_size(s) for s in args.sizes.split(",")], dtypes=args.dtypes.split(","),
                           reductions=args.reductions.split(","), modes=args.modes.split(","), keys=keys,
                           min_time=args.min_time, rounds=args.rounds, paired_ref=args.paired_ref or None,
-                          paired_keys=tuple(args.paired_rows.split(",")))
+                          paired_keys=tuple(args.paired_rows.split(",")),
+                          context=None if args.no_context else _other_work())
     print(harness.table(results, ref_key=args.ref, stat="ms" if args.stat == "min" else "ms_median"))
     print(f"\n({time.perf_counter() - t0:.0f} s)")
     if args.json:
@@ -101,19 +112,9 @@ def main(argv=None):
     return 0
 
 
-def _cuda_bandwidth(argv):
-    """The GPU numbers come from the ctypes harness (MindSpore's GPU runtime needs CUDA 11; the harness does not)."""
-    import runpy
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "gpu", "bench_bandwidth.py")
-    if not os.path.exists(script):
-        print("--cuda needs a source checkout of ms_kldiv (tests/gpu/bench_bandwidth.py is not installed)")
-        return 2
-    sys.argv = [script] + list(argv)
-    try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit as e:
-        return e.code or 0
-    return 0
+def _other_work():
+    from .rows import OtherWork
+    return OtherWork()
 
 
 if __name__ == "__main__":

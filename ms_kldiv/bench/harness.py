@@ -38,13 +38,16 @@ def make_data(n, dtype="float32", seed=0):
     return x.astype(np_dtype), t.astype(np_dtype)
 
 
-def time_call(fn, min_time=0.25, max_reps=200, warmup=2):
-    """Seconds per call of each repetition, over repetitions filling ``min_time`` (at least 3)."""
+def time_call(fn, min_time=0.25, max_reps=200, warmup=2, before=None):
+    """Seconds per call of each repetition, over repetitions filling ``min_time`` (at least 3). ``before``: run
+    (untimed) before each timed call, to time the call in context rather than back to back."""
     for _ in range(warmup):
         fn()
     times = []
     start = time.perf_counter()
     while len(times) < 3 or (time.perf_counter() - start < min_time and len(times) < max_reps):
+        if before is not None:
+            before()
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
@@ -105,7 +108,7 @@ def split_of_middle_pairs(split):
 
 
 def run(sizes=DEFAULT_SIZES, dtypes=("float32",), reductions=("sum",), modes=("fwd", "grad"), keys=None,
-        min_time=0.25, rounds=3, settle=0.05, paired_ref=None, paired_keys=(), log=print):
+        min_time=0.25, rounds=3, settle=0.05, paired_ref=None, paired_keys=(), context=None, log=print):
     """Time every selected row; returns a list of result dicts (``ms`` is None where a row does not apply).
 
     The rows of one cell (size, dtype, reduction, mode) take turns: ``rounds`` rounds, in each of which every
@@ -116,7 +119,8 @@ def run(sizes=DEFAULT_SIZES, dtypes=("float32",), reductions=("sum",), modes=("f
     pipeline threads busy-wait a while after their work, and a row must not be timed against the previous
     row's spinning threads. With ``paired_ref``, each row in ``paired_keys`` is also timed in alternating pairs with
     that row, the rows' pairs taking turns (``paired_ratios``); ``paired`` is then the median of the pairs' ratios,
-    ``paired_q`` its quartiles."""
+    ``paired_q`` its quartiles. With ``context`` (a callable: the other work of a training step), each row is also
+    timed with ``context`` run before every call, in turns like the rounds: ``ms_context`` is the best of those."""
     results = []
     selected = [r for r in _ROWS if keys is None or r[0] in keys]
     for dtype in dtypes:
@@ -147,6 +151,18 @@ def run(sizes=DEFAULT_SIZES, dtypes=("float32",), reductions=("sum",), modes=("f
                                 samples += time_call(fn, min_time=budget, max_reps=max_reps, warmup=2 if r == 0 else 1)
                             except Exception as e:
                                 rec["error"] = _error(e)
+                    if context is not None:
+                        for r in range(rounds):
+                            for rec, fn, _ in cells:
+                                if fn is None or rec["error"]:
+                                    continue
+                                time.sleep(settle)
+                                try:
+                                    ctx = 1e3 * min(time_call(fn, min_time=budget, max_reps=max_reps, warmup=0,
+                                                              before=context))
+                                    rec["ms_context"] = min(ctx, rec.get("ms_context") or ctx)
+                                except Exception as e:
+                                    rec["error"] = _error(e)
                     ref_fn = next((fn for rec, fn, _ in cells if rec["row"] == paired_ref and not rec["error"]), None)
                     paired = [(rec, fn) for rec, fn, _ in cells
                               if ref_fn is not None and fn is not None and not rec["error"] and rec["row"] in paired_keys]
@@ -241,6 +257,14 @@ def table(results, ref_key="aot", ratio_keys=None, stat="ms"):
                     vals.append("-" if not a or not b else f"{a / b:.3g}x")
                 if any(v != "-" for v in vals):
                     out.append(f"| {labels[k]} | " + " | ".join(vals) + " |")
+        context = {(r["row"], r["n"]): r for r in rs if r.get("ms_context")}
+        if context:
+            _row_table(out, "\nin context (each call preceded by other work, as in a training step: a pass over 64 MB "
+                       "and a small MindSpore op, not timed): ms per call, and the ratio to "
+                       f"{labels.get(ref_key, ref_key)} in context:\n", sizes, keys, labels, context,
+                       lambda v: f"{v['ms_context']:.4g}" + (
+                           f" ({v['ms_context'] / context[(ref_key, v['n'])]['ms_context']:.3g}x)"
+                           if (ref_key, v["n"]) in context and v["row"] != ref_key else ""))
         paired = {(r["row"], r["n"]): r for r in rs if r.get("paired")}
         if paired:
             first = next(iter(paired.values()))
@@ -264,7 +288,8 @@ def save_json(results, path, meta=None):
 
 
 def plot(results, path):
-    """Time per call vs size, one panel per mode; returns False when matplotlib is not importable."""
+    """Time per call vs size, one panel per mode (solid: back to back; dashed: in context, when measured); returns
+    False when matplotlib is not importable."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -277,8 +302,12 @@ def plot(results, path):
         rs = [r for r in results if r["mode"] == mode and r["ms"]]
         for key in dict.fromkeys(r["row"] for r in rs):
             pts = sorted((r["n"], r["ms"]) for r in rs if r["row"] == key)
-            ax.loglog([p[0] for p in pts], [p[1] for p in pts], marker="o",
-                      label=next(r["label"] for r in rs if r["row"] == key))
+            line, = ax.loglog([p[0] for p in pts], [p[1] for p in pts], marker="o",
+                              label=next(r["label"] for r in rs if r["row"] == key))
+            ctx = sorted((r["n"], r["ms_context"]) for r in rs if r["row"] == key and r.get("ms_context"))
+            if ctx:
+                ax.loglog([p[0] for p in ctx], [p[1] for p in ctx], linestyle="--", marker=".",
+                          color=line.get_color())
         ax.set_title("forward" if mode == "fwd" else "value + grad(input)")
         ax.set_xlabel("elements")
         ax.set_ylabel("ms per call")

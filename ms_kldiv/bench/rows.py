@@ -1,10 +1,9 @@
-"""The standard rows: ms_kldiv backends, MindSpore's ops.kl_div, torch, and the streaming roofline.
+"""The standard rows: ms_kldiv backends, MindSpore's ops.kl_div and torch.
 
 Every row runs one synchronized step: MindSpore results are brought to the host with ``asnumpy()`` (a 0-d
 copy for reduced outputs), so asynchronous dispatch cannot hide work.
 """
 import functools
-import time
 
 from .harness import add_row, make_data
 
@@ -54,11 +53,15 @@ def _mindspore_row(loss, jit, split=False):
     return factory
 
 
+#: A function giving the CPU kernel's last span, set by the study tool (benchmarks/kldiv_roofline.py), which runs
+#: the library built with diagnostics; None in the user-facing benchmark.
+kernel_span = None
+
+
 def _with_span(step):
     """``step`` with the library's span reader attached (harness.paired_ratios), when there is one."""
-    span = _library_span()
-    if span is not None:
-        step.kernel_span = span
+    if kernel_span is not None:
+        step.kernel_span = kernel_span
     return step
 
 
@@ -100,91 +103,6 @@ def torch_factory(n, dtype, reduction, mode):
     return step
 
 
-def _cpu_library():
-    """Path of the CPU kernel library (built once if needed); a row that needs it fails with the reason it is missing."""
-    from ms_kldiv.backends import get as get_backend
-    path, reason = get_backend("aot", "CPU").library("CPU")
-    if reason:
-        raise RuntimeError(reason)
-    return path
-
-
-@functools.lru_cache(maxsize=1)
-def _library_span():
-    """``KLDivTakeLastSpan`` of the CPU library as (start, end) in ``time.perf_counter`` seconds, or None once taken;
-    None instead of a function where perf_counter is not the library's clock (CLOCK_MONOTONIC) or the library is
-    missing. The harness then splits the aot rows' paired calls into before / kernel / after."""
-    import ctypes
-    if time.get_clock_info("perf_counter").implementation != "clock_gettime(CLOCK_MONOTONIC)":
-        return None
-    try:
-        take = ctypes.CDLL(_cpu_library()).KLDivTakeLastSpan
-    except (RuntimeError, OSError, AttributeError):
-        return None
-    take.restype = ctypes.c_int
-    take.argtypes = [ctypes.c_void_p]
-    buf = (ctypes.c_int64 * 2)()
-
-    def span():
-        return (buf[0] * 1e-9, buf[1] * 1e-9) if take(buf) else None
-    return span
-
-
-def roofline_factory(n, dtype, reduction, mode):
-    """Time to read the bytes a fused forward must read, with the library's own threads (float32 only)."""
-    if mode != "fwd" or dtype != "float32":
-        return None
-    import ctypes
-    fn = ctypes.CDLL(_cpu_library()).KLDivStreamRead
-    fn.restype = ctypes.c_double
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-    x, t = _tensor_memory(n, "float32")
-    return lambda: fn(x.ctypes.data, t.ctypes.data, n)
-
-
-def kernel_factory(n, dtype, reduction, mode):
-    """The aot forward kernel alone: the exported symbol called through ctypes on the MindSpore rows' buffers, as
-    the PyNative host call does, without MindSpore's call around it. With the roofline it splits the aot rows'
-    time into what the kernel takes and what MindSpore's call adds."""
-    if mode != "fwd" or dtype == "bfloat16":  # (bfloat16: no NumPy dtype to hand the kernel its own buffers)
-        return None
-    from ms_kldiv.backends.aot import HostCall, symbol
-    call = HostCall(None, _cpu_library(), symbol("Fwd", reduction, False), reduction)
-    x, t = _tensor_memory(n, dtype)
-    return _with_span(lambda: call.run(x, t))
-
-
-def numpy_read_factory(n, dtype, reduction, mode):
-    """Single-threaded NumPy sum over the same bytes, a second reading of the roofline."""
-    if mode != "fwd":
-        return None
-    x, t = _tensor_memory(n, dtype)
-    return lambda: (x.sum(), t.sum())
-
-
-def _add(a, b):
-    return a + b
-
-
-@functools.lru_cache(maxsize=1)
-def _jit_add():
-    import numpy as np
-    ms = _ms()
-    a, b = ms.Tensor(np.ones(4, np.float32)), ms.Tensor(np.ones(4, np.float32))
-    f = ms.jit(_add)
-    return lambda: _sync(f(a, b))
-
-
-def jit_floor_factory(n, dtype, reduction, mode):
-    """MindSpore's launch floor: an ms.jit call of ``a + b`` on 4 elements, synchronized like the other rows.
-
-    Right after the streaming read its time is what any ms.jit call pays there, whatever it computes: MindSpore's
-    threads went to sleep while the read ran and are woken one after the other (on this VM the 4-element call took
-    0.18-0.32 ms back to back and 1.2-1.9 ms after 7 ms of sleep). Paired with the read, it is the part of the ms.jit
-    row's ratio that no kernel can take away (docs/cpu_aot.md, "The ms.jit launch floor")."""
-    return _jit_add() if mode == "fwd" else None
-
-
 def _tensor_memory(n, dtype):
     """The MindSpore rows' input buffers as NumPy arrays (on CPU ``asnumpy()`` shares the tensor's memory)."""
     if dtype == "bfloat16":  # no NumPy dtype: a float32 copy of the values
@@ -194,6 +112,23 @@ def _tensor_memory(n, dtype):
     if xa.ctypes.data != x.asnumpy().ctypes.data:  # a copy after all: then any copy will do
         return make_data(n, dtype)
     return xa, ta
+
+
+class OtherWork:
+    """What a training step does between two loss calls, run before each in-context call (not timed): a pass over
+    a buffer larger than the last-level cache and a small synchronized MindSpore op. Back-to-back calls keep the
+    inputs in cache and MindSpore's threads awake; a real step pays for neither."""
+
+    def __init__(self, nbytes=64 << 20):
+        import numpy as np
+        ms = _ms()
+        self.buf = np.ones(nbytes // 4, np.float32)
+        self.a = ms.Tensor(np.ones(16, np.float32))
+
+    def __call__(self):
+        import numpy as np
+        np.add(self.buf, 1.0, out=self.buf)
+        (self.a * 2).asnumpy()
 
 
 def register_default_rows(with_torch=True):
@@ -209,7 +144,3 @@ def register_default_rows(with_torch=True):
             add_row("torch", "torch F.kl_div", torch_factory)
         except ImportError:
             pass
-    add_row("aot_kernel", "ms_kldiv aot kernel alone (ctypes)", kernel_factory)
-    add_row("roofline", "stream read (C++, same threads)", roofline_factory)
-    add_row("numpy_read", "stream read (numpy sum, 1 thread)", numpy_read_factory)
-    add_row("jit_floor", "ms.jit launch floor (a + b, 4 elements)", jit_floor_factory)

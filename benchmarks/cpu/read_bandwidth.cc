@@ -4,7 +4,7 @@
 // and on 2 MB pages (MADV_HUGEPAGE). It answers whether a target like "10x faster than ops.kl_div at 32M" is reachable
 // at all on a machine: no forward can beat the fastest read it prints (docs/cpu_aot.md, "Software prefetch").
 //
-//   g++ -O3 -std=c++17 -march=native -pthread -o /tmp/read_bandwidth custom_ops/cpu/tools/read_bandwidth.cc
+//   g++ -O3 -std=c++17 -march=native -pthread -o /tmp/read_bandwidth benchmarks/cpu/read_bandwidth.cc -I custom_ops/cpu
 //   /tmp/read_bandwidth [elements=33554432] [reps=20] [ops_kl_div_ms]   # medians; with ops_kl_div_ms, the best
 //                                                                        # ratio any forward could reach
 //   /tmp/read_bandwidth --check   # every configuration reads every element exactly once (exit status 1 if not)
@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "../kldiv_stream_read.h"
+#include "kldiv_stream_read.h"  // custom_ops/cpu (build with -I custom_ops/cpu)
 
 namespace {
 

@@ -1,6 +1,6 @@
 """Bandwidth of libkldiv_cuda.so's kernels vs a device-to-device copy and torch's GPU kl_div.
 
-    PYTHONPATH=. python tests/gpu/bench_bandwidth.py [--n 33554432] [--dtype float32] [--reps 50]
+    PYTHONPATH=. python benchmarks/gpu/bench_bandwidth.py [--n 33554432] [--dtype float32] [--reps 50]
 
 Effective bandwidth = bytes the op must move at least once / median time (CUDA events, after warm-up):
     forward 'none'  : read x, t; write out           3 n elements
@@ -16,7 +16,8 @@ import os
 import statistics
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# the ctypes harness of the GPU tests
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tests", "gpu"))
 
 from _harness import backward, forward, lib, torch_cuda_reason  # noqa: E402
 

@@ -19,7 +19,7 @@ log x = (n * L8 + log_t[k]) + log1p(r), log1p(r) = r + r^2 * Q(r) with Q of degr
 Q is fitted by iteratively reweighted least squares towards the minimax of log1p's relative error over the r of
 every interval, then rounded to float32; the printed error is of the rounded coefficients (the kernel's own
 roundings come on top; tests/test_aot_kernel.py and the exhaustive sweep in docs/cpu_aot.md measure them).
-Run: python custom_ops/cpu/tools/fit_logf.py
+Run: python tools/fit_logf.py
 """
 import numpy as np
 
