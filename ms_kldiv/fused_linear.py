@@ -11,13 +11,11 @@ The teacher's gradients (mutual learning, trainable teachers) are computed in th
 pass, only where they are used: graph mode drops that work when nothing consumes the teacher's gradients
 (frozen teacher); ``teacher_grad=False`` drops it in PyNative too.
 """
-import math
-
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from . import _validation
-from .distillation import distillation_loss
+from ._distill_math import cross_entropy_and_grad, loss_and_grads
 
 _NAME = "FusedLinearDistillationLoss"
 #: Default bound on one chunk's logits (student and teacher together), in bytes of float32.
@@ -29,60 +27,31 @@ def default_chunk_size(rows, vocab):
     return max(1, min(rows, CHUNK_BYTES // max(1, 2 * 4 * vocab)))
 
 
-def _check_number(value, name, arg, low, high, low_open):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"For '{name}', '{arg}' must be an int or float, but got {type(value).__name__}: {value!r}.")
-    if not math.isfinite(value) or value < low or value > high or (low_open and value == low):
-        bound = f"({low}, {high}]" if low_open else f"[{low}, {high}]"
-        raise ValueError(f"For '{name}', '{arg}' must be in {bound}, but got {value!r}.")
-
-
-class _ChunkObjective(nn.Cell):
-    """The summed objective of one chunk of rows: soft_weight * T^2 * divergence + hard_weight * cross-entropy,
-    over the rows whose label is not ignored. Differentiated with ``ms.grad`` inside the forward."""
-
-    def __init__(self, temperature, beta, ignore_index, hard_weight, soft_weight, backend):
-        super().__init__()
-        self.temperature = temperature
-        self.beta = beta
-        self.ignore_index = ignore_index
-        self.hard_weight = hard_weight
-        self.soft_weight = soft_weight
-        self.backend = backend
-
-    def construct(self, student, teacher, labels):
-        soft = distillation_loss(student, teacher, self.temperature, "sum", beta=self.beta, labels=labels,
-                                 ignore_index=self.ignore_index, backend=self.backend)
-        out = ops.cast(soft, ms.float32) * self.soft_weight
-        if self.hard_weight != 0:
-            keep = labels != self.ignore_index
-            safe = ops.where(keep, labels, ops.zeros_like(labels))
-            logp = ops.log_softmax(ops.cast(student, ms.float32), -1)
-            # A one-hot mask rather than a gather: GatherD's gradient fails inside a nested graph-mode grad.
-            hit = ops.logical_and(ops.expand_dims(keep, 1),
-                                  ops.arange(student.shape[-1], dtype=ms.int32) == ops.expand_dims(safe, 1))
-            out = out - ops.sum(ops.where(hit, logp, 0.0)) * self.hard_weight
-        return out
-
-
-def _matmul_t(a, b):
-    """a @ b^T in float32 accumulation."""
-    return ops.matmul(a, ops.transpose(b, (1, 0)))
+# The transposes as MatMul flags: ops.transpose would copy a [V, H] weight (or a chunk's [rows, V] gradient) every
+# chunk, which cost more than the product itself.
+_matmul_t = ops.MatMul(transpose_b=True)   # a @ b^T
+_t_matmul = ops.MatMul(transpose_a=True)   # a^T @ b
 
 
 class _FusedCore(nn.Cell):
-    """(hidden states and heads of both models, labels, counted rows) -> (loss, gradients), chunk by chunk.
+    """(hidden states and heads of both models, labels, counted rows) -> (loss, the gradients of every input).
 
-    Inputs are 2-D hidden states [N, H], weights [V, H], biases [V] (zeros when absent), labels [N] int32, and
-    the number of counted rows. The chunk's gradients come from ``ms.value_and_grad`` of the chunk objective
-    (whichever distillation backend runs, through its own bprop) and are folded into the heads' gradients at
-    once; only one chunk of logits is alive at a time. Its inputs are detached: the gradients it returns reach
-    the user through ``_AttachGradients``.
+    Inputs are 2-D hidden states [N, H], weights [V, H], biases [V] (zeros when absent), labels [N] int32 and the
+    number of counted rows. The rows go through in chunks: a chunk's logits come from MindSpore's matmul, the
+    loss and d(logits) from the closed forms of ``_distill_math``, and the chunk's contributions to the heads'
+    gradients are accumulated at once, so one chunk of logits is alive at a time. This Cell's bprop hands out the
+    stored gradients times the incoming gradient; its forward is not differentiated (in PyNative MindSpore runs a
+    custom-bprop Cell's forward without recording it), which is what keeps the chunks' tensors from being held.
     """
 
-    def __init__(self, objective, chunk_size, teacher_grad, teacher_logits=False):
+    def __init__(self, temperature, beta, ignore_index, hard_weight, soft_weight, chunk_size, teacher_grad,
+                 teacher_logits=False):
         super().__init__()
-        self.objective = objective
+        self.temperature = temperature
+        self.ignore_index = ignore_index
+        self.beta = beta
+        self.hard_weight = hard_weight
+        self.soft_weight = soft_weight
         self.chunk_size = chunk_size
         self.teacher_grad = teacher_grad and not teacher_logits
         # The teacher given as logits [N, V] in place of its hidden states (its weight and bias are unused).
@@ -98,44 +67,48 @@ class _FusedCore(nn.Cell):
 
     def construct(self, hs, ws, bs, ht, wt, bt, labels, count):
         f32 = ms.float32
-        hs, ws, bs = ops.cast(hs, f32), ops.cast(ws, f32), ops.cast(bs, f32)
-        ht, wt, bt = ops.cast(ht, f32), ops.cast(wt, f32), ops.cast(bt, f32)
+        hs, ws, bs, ht, wt, bt = (v if v.dtype == f32 else ops.cast(v, f32) for v in (hs, ws, bs, ht, wt, bt))
+        keep_all = labels != self.ignore_index
         loss = ops.zeros((), f32)
         dhs, dht = (), ()
         dws, dbs = ops.zeros(ws.shape, f32), ops.zeros(bs.shape, f32)
-        dwt, dbt = ops.zeros(wt.shape, f32), ops.zeros(bt.shape, f32)
+        dwt, dbt = ops.zeros((), f32), ops.zeros((), f32)  # [V, H] / [V] once the teacher's gradients are wanted
         for lo, hi in self._chunks(hs.shape[0], ws.shape[0]):
-            hs_c, ht_c = hs[lo:hi], ht[lo:hi]
+            # Each chunk starts after the previous one is folded in: otherwise graph mode may run the chunks'
+            # independent first steps together and hold every chunk's logits at once.
+            hs_c, ht_c, keep = ops.depend(hs[lo:hi], dws), ops.depend(ht[lo:hi], dws), keep_all[lo:hi]
             s_c = _matmul_t(hs_c, ws) + bs
             t_c = ht_c if self.teacher_logits else _matmul_t(ht_c, wt) + bt
-            if self.teacher_grad:
-                value, (ds, dt) = ms.value_and_grad(self.objective, grad_position=(0, 1))(s_c, t_c, labels[lo:hi])
-                dht = dht + (ops.matmul(dt, wt),)
-                dwt = dwt + ops.matmul(ops.transpose(dt, (1, 0)), ht_c)
-                dbt = dbt + ops.sum(dt, 0)
-            else:
-                value, ds = ms.value_and_grad(self.objective, grad_position=0)(s_c, t_c, labels[lo:hi])
-            loss = loss + value
+            soft, ds, dt = loss_and_grads(s_c, t_c, self.temperature, self.beta, keep, self.teacher_grad)
+            loss = loss + soft * self.soft_weight
+            ds = ds * self.soft_weight
+            if self.hard_weight != 0:
+                hard, dce = cross_entropy_and_grad(s_c, ops.where(keep, labels[lo:hi], 0), keep)
+                loss = loss + hard * self.hard_weight
+                ds = ds + dce * self.hard_weight
             dhs = dhs + (ops.matmul(ds, ws),)
-            dws = dws + ops.matmul(ops.transpose(ds, (1, 0)), hs_c)
+            dws = dws + _t_matmul(ds, hs_c)
             dbs = dbs + ops.sum(ds, 0)
+            if self.teacher_grad:
+                dt = dt * self.soft_weight
+                dht = dht + (ops.matmul(dt, wt),)
+                dwt = dwt + _t_matmul(dt, ht_c)
+                dbt = dbt + ops.sum(dt, 0)
         scale = 1.0 / ops.maximum(count, 1.0)
         dh_s = ops.concat(dhs, 0) if dhs else ops.zeros(hs.shape, f32)
-        dh_t = ops.concat(dht, 0) if dht else ops.zeros(ht.shape, f32)
-        return loss * scale, (dh_s * scale, dws * scale, dbs * scale, dh_t * scale, dwt * scale, dbt * scale)
+        # (without teacher gradients these stay 0-d zeros: no [V, H] buffer is held for them)
+        dh_t = ops.concat(dht, 0) if dht else ops.zeros((), f32)
+        return loss * scale, dh_s * scale, dws * scale, dbs * scale, dh_t * scale, dwt * scale, dbt * scale
 
-
-class _AttachGradients(nn.Cell):
-    """Returns the loss; its bprop hands each input its precomputed gradient times the incoming gradient."""
-
-    def construct(self, hs, ws, bs, ht, wt, bt, loss, dh_s, dw_s, db_s, dh_t, dw_t, db_t):
-        return loss
-
-    def bprop(self, hs, ws, bs, ht, wt, bt, loss, dh_s, dw_s, db_s, dh_t, dw_t, db_t, out, dout):
-        return (ops.cast(dh_s * dout, hs.dtype), ops.cast(dw_s * dout, ws.dtype), ops.cast(db_s * dout, bs.dtype),
-                ops.cast(dh_t * dout, ht.dtype), ops.cast(dw_t * dout, wt.dtype), ops.cast(db_t * dout, bt.dtype),
-                ops.zeros_like(loss), ops.zeros_like(dh_s), ops.zeros_like(dw_s), ops.zeros_like(db_s),
-                ops.zeros_like(dh_t), ops.zeros_like(dw_t), ops.zeros_like(db_t))
+    def bprop(self, hs, ws, bs, ht, wt, bt, labels, count, out, dout):
+        g = dout[0]
+        _, dh_s, dw_s, db_s, dh_t, dw_t, db_t = out
+        grads = (ops.cast(dh_s * g, hs.dtype), ops.cast(dw_s * g, ws.dtype), ops.cast(db_s * g, bs.dtype))
+        if self.teacher_grad:
+            grads += (ops.cast(dh_t * g, ht.dtype), ops.cast(dw_t * g, wt.dtype), ops.cast(db_t * g, bt.dtype))
+        else:
+            grads += (ops.zeros_like(ht), ops.zeros_like(wt), ops.zeros_like(bt))
+        return grads + (ops.zeros_like(labels), ops.zeros_like(count))
 
 
 class FusedLinearDistillationLoss(nn.Cell):
@@ -163,7 +136,8 @@ class FusedLinearDistillationLoss(nn.Cell):
         teacher_grad (bool, optional): ``None`` (default) gives the teacher's hidden states, weight and bias
             their gradients, computed only when used (graph mode drops the work for a frozen teacher; PyNative
             always does it); ``False`` declares the teacher frozen (its gradients are zeros, no work).
-        backend (str, optional): Implementation of the fused distillation kernel. Default: ``'auto'``.
+        backend (str, optional): How a chunk's loss and d(logits) are computed: ``'auto'`` / ``'composite'``
+            (closed forms in MindSpore ops, every device). Default: ``'auto'``.
 
     Inputs:
         - **student_hidden** (Tensor) - ``[N, H_s]`` or ``[B, S, H_s]``, float16/bfloat16/float32.
@@ -184,12 +158,14 @@ class FusedLinearDistillationLoss(nn.Cell):
     def __init__(self, temperature=1.0, *, beta=0.0, ignore_index=-100, hard_weight=0.0, soft_weight=1.0,
                  chunk_size=None, teacher_grad=None, backend="auto"):
         super().__init__()
-        _check_number(temperature, _NAME, "temperature", 0.0, math.inf, True)
-        _check_number(beta, _NAME, "beta", 0.0, 1.0, False)
-        _check_number(hard_weight, _NAME, "hard_weight", -math.inf, math.inf, False)
-        _check_number(soft_weight, _NAME, "soft_weight", -math.inf, math.inf, False)
-        if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-            raise TypeError(f"For '{_NAME}', 'ignore_index' must be an int, but got {ignore_index!r}.")
+        _validation.check_temperature(temperature, _NAME)
+        _validation.check_number(beta, "beta", _NAME, 0.0, 1.0)
+        _validation.check_number(hard_weight, "hard_weight", _NAME)
+        _validation.check_number(soft_weight, "soft_weight", _NAME)
+        _validation.check_int(ignore_index, "ignore_index", _NAME)
+        if backend not in ("auto", "composite"):
+            raise ValueError(f"For '{_NAME}', 'backend' must be 'auto' or 'composite' (the chunk's loss and gradients "
+                             f"in MindSpore ops), but got {backend!r}.")
         if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
                                        or chunk_size < 1):
             raise ValueError(f"For '{_NAME}', 'chunk_size' must be None or a positive int, but got {chunk_size!r}.")
@@ -202,11 +178,9 @@ class FusedLinearDistillationLoss(nn.Cell):
         self.soft_weight = float(soft_weight)
         self.chunk_size = chunk_size
         self.teacher_grad = teacher_grad is not False
-        objective = _ChunkObjective(self.temperature, self.beta, ignore_index, self.hard_weight, self.soft_weight,
-                                    backend)
-        self.core = _FusedCore(objective, chunk_size, self.teacher_grad)
-        self.core_from_logits = _FusedCore(objective, chunk_size, False, teacher_logits=True)
-        self.attach = _AttachGradients()
+        args = (self.temperature, self.beta, ignore_index, self.hard_weight, self.soft_weight, chunk_size)
+        self.core = _FusedCore(*args, self.teacher_grad)
+        self.core_from_logits = _FusedCore(*args, False, teacher_logits=True)
 
     def construct(self, student_hidden, student_weight, teacher_hidden, teacher_weight, labels=None,
                   student_bias=None, teacher_bias=None):
@@ -238,9 +212,7 @@ class FusedLinearDistillationLoss(nn.Cell):
             count = ops.sum(ops.cast(labels != self.ignore_index, ms.float32))
         bs = ops.zeros((vocab,), student_weight.dtype) if student_bias is None else student_bias
         bt = ops.zeros((vocab,), teacher_weight.dtype) if teacher_bias is None else teacher_bias
-        detached = [ops.stop_gradient(a) for a in (hs, student_weight, bs, teacher_rows, teacher_weight, bt)]
-        loss, grads = core(*detached, labels, count)
-        return self.attach(hs, student_weight, bs, teacher_rows, teacher_weight, bt, loss, *grads)
+        return core(hs, student_weight, bs, teacher_rows, teacher_weight, bt, labels, count)[0]
 
     def extend_repr(self):
         return (f"temperature={self.temperature}, beta={self.beta}, ignore_index={self.ignore_index}, "
