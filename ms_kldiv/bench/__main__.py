@@ -1,7 +1,6 @@
 """Command line: ``python -m ms_kldiv.bench [--sizes 4K,1M] [--dtypes float32] [--reductions sum]
 [--modes fwd,grad] [--rows aot,ops_jit,...] [--no-torch] [--no-context] [--json PATH] [--plot PATH]``;
-``python -m ms_kldiv.bench distill ...`` and ``python -m ms_kldiv.bench fused-linear ...`` benchmark the
-distillation losses (``--help`` after the subcommand)."""
+``python -m ms_kldiv.bench fused-linear ...`` benchmarks the chunked distillation head (``--help`` after it)."""
 import importlib
 import argparse
 import os
@@ -36,7 +35,7 @@ def _quiet_recompile_warnings():
 #: Callables run before the rows are listed or timed (the study tool in benchmarks/ adds its rows here).
 EXTRA_ROWS = []
 #: Subcommands: modules of this package with a main(argv).
-SUBCOMMANDS = {"distill": "distill", "fused-linear": "fused_linear"}
+SUBCOMMANDS = {"fused-linear": "fused_linear"}
 
 
 def main(argv=None):

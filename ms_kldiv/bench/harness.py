@@ -59,7 +59,7 @@ def paired_ratios(fns, ref, pairs=40, warmup=2, splits=None):
     pair ~2 calls long).
 
     A pair's two calls see the same phase of a drifting machine; best-of-repetitions per row does not when one
-    call lasts about as long as a phase (at 32M this VM's read takes 6-10 ms and phases last ~10-100 ms), so the
+    call lasts about as long as a phase of a shared machine's memory bandwidth, so the
     ratio of two bests moved between 0.84x and 1.56x from run to run where the pairs' median moved by 0.1-0.2.
     The rows' pairs take turns: pair i of every row comes before pair i + 1 of any. The ratio itself depends on
     the phase (a fused pass keeps up with a read less well while memory is fast), so rows paired one after the

@@ -18,7 +18,7 @@ def _ms():
 @functools.lru_cache(maxsize=1)
 def _tensors(n, dtype):
     """The inputs of one cell, shared by its MindSpore rows and the roofline rows: the same buffers, so that no
-    row gains or loses by where its copy landed (on this VM the fused forward from DRAM ran 1.3-2x slower on
+    row gains or loses by where its copy landed (a fused forward from DRAM can run slower on
     some pairs of buffers than on others, the streaming read did not; docs/cpu_aot.md)."""
     ms = _ms()
     x, t = make_data(n, "float32" if dtype == "bfloat16" else dtype)
