@@ -69,6 +69,8 @@ class _FusedCore(nn.Cell):
         f32 = ms.float32
         hs, ws, bs, ht, wt, bt = (v if v.dtype == f32 else ops.cast(v, f32) for v in (hs, ws, bs, ht, wt, bt))
         keep_all = labels != self.ignore_index
+        # Scaled per chunk (a chunk's d(logits) is smaller than the [V, H] sums it feeds)
+        scale = 1.0 / ops.maximum(count, 1.0)
         loss = ops.zeros((), f32)
         dhs, dht = (), ()
         dws, dbs = ops.zeros(ws.shape, f32), ops.zeros(bs.shape, f32)
@@ -81,24 +83,23 @@ class _FusedCore(nn.Cell):
             t_c = ht_c if self.teacher_logits else _matmul_t(ht_c, wt) + bt
             soft, ds, dt = loss_and_grads(s_c, t_c, self.temperature, self.beta, keep, self.teacher_grad)
             loss = loss + soft * self.soft_weight
-            ds = ds * self.soft_weight
+            ds = ds * (self.soft_weight * scale)
             if self.hard_weight != 0:
                 hard, dce = cross_entropy_and_grad(s_c, ops.where(keep, labels[lo:hi], 0), keep)
                 loss = loss + hard * self.hard_weight
-                ds = ds + dce * self.hard_weight
+                ds = ds + dce * (self.hard_weight * scale)
             dhs = dhs + (ops.matmul(ds, ws),)
             dws = dws + _t_matmul(ds, hs_c)
             dbs = dbs + ops.sum(ds, 0)
             if self.teacher_grad:
-                dt = dt * self.soft_weight
+                dt = dt * (self.soft_weight * scale)
                 dht = dht + (ops.matmul(dt, wt),)
                 dwt = dwt + _t_matmul(dt, ht_c)
                 dbt = dbt + ops.sum(dt, 0)
-        scale = 1.0 / ops.maximum(count, 1.0)
         dh_s = ops.concat(dhs, 0) if dhs else ops.zeros(hs.shape, f32)
         # (without teacher gradients these stay 0-d zeros: no [V, H] buffer is held for them)
         dh_t = ops.concat(dht, 0) if dht else ops.zeros((), f32)
-        return loss * scale, dh_s * scale, dws * scale, dbs * scale, dh_t * scale, dwt * scale, dbt * scale
+        return loss * scale, dh_s, dws, dbs, dh_t, dwt, dbt
 
     def bprop(self, hs, ws, bs, ht, wt, bt, labels, count, out, dout):
         g = dout[0]

@@ -308,7 +308,10 @@ def plot(results, path):
             if ctx:
                 ax.loglog([p[0] for p in ctx], [p[1] for p in ctx], linestyle="--", marker=".",
                           color=line.get_color())
-        ax.set_title("forward" if mode == "fwd" else "value + grad(input)")
+        title = "forward" if mode == "fwd" else "value + grad(input)"
+        if any(r.get("ms_context") for r in rs):
+            title += " (solid: back to back, dashed: in context)"
+        ax.set_title(title)
         ax.set_xlabel("elements")
         ax.set_ylabel("ms per call")
         ax.grid(True, which="both", alpha=0.3)
