@@ -142,27 +142,23 @@ def run(sizes=DEFAULT_SIZES, dtypes=("float32",), reductions=("sum",), modes=("f
                     big = n >= (8 << 20)
                     budget = min_time / rounds
                     max_reps = max(1, (60 if big else 200) // rounds)
-                    for r in range(rounds):
-                        for rec, fn, samples in cells:
-                            if fn is None or rec["error"]:
-                                continue
-                            time.sleep(settle)
-                            try:
-                                samples += time_call(fn, min_time=budget, max_reps=max_reps, warmup=2 if r == 0 else 1)
-                            except Exception as e:
-                                rec["error"] = _error(e)
-                    if context is not None:
+                    # Back to back, then (with ``context``) each call after the other work; rows take turns.
+                    for before in (None, context) if context is not None else (None,):
                         for r in range(rounds):
-                            for rec, fn, _ in cells:
+                            for rec, fn, samples in cells:
                                 if fn is None or rec["error"]:
                                     continue
                                 time.sleep(settle)
                                 try:
-                                    ctx = 1e3 * min(time_call(fn, min_time=budget, max_reps=max_reps, warmup=0,
-                                                              before=context))
-                                    rec["ms_context"] = min(ctx, rec.get("ms_context") or ctx)
+                                    got = time_call(fn, min_time=budget, max_reps=max_reps,
+                                                    warmup=(2 if r == 0 else 1) if before is None else 0, before=before)
                                 except Exception as e:
                                     rec["error"] = _error(e)
+                                    continue
+                                if before is None:
+                                    samples += got
+                                else:
+                                    rec["ms_context"] = min([1e3 * min(got)] + [rec.get("ms_context") or math.inf])
                     ref_fn = next((fn for rec, fn, _ in cells if rec["row"] == paired_ref and not rec["error"]), None)
                     paired = [(rec, fn) for rec, fn, _ in cells
                               if ref_fn is not None and fn is not None and not rec["error"] and rec["row"] in paired_keys]
