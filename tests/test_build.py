@@ -39,8 +39,89 @@ def test_library_exports_the_abi(built_lib):
 @needs_cxx
 def test_library_is_stamped_and_found(built_lib):
     with open(built_lib + ".stamp", encoding="utf-8") as f:
-        assert f.read().strip() == _build.source_hash("CPU")
+        sources, fingerprint = f.read().split("\n")[:2]
+    assert sources == _build.source_hash("CPU")
+    size, sha = fingerprint.split()
+    assert int(size) == os.path.getsize(built_lib) and len(sha) == 64
     assert _build.find_library("CPU") == built_lib
+
+
+def _damaged_copy(built_lib, folder, how):
+    """A copy of the library and its stamp in ``folder``, damaged as an interrupted copy or a bad disk leaves it."""
+    os.makedirs(folder, exist_ok=True)
+    lib = os.path.join(folder, os.path.basename(built_lib))
+    with open(built_lib, "rb") as f:
+        data = bytearray(f.read())
+    if how == "truncated":
+        data = data[: len(data) // 2]
+    elif how == "corrupt":  # same size, a few bytes changed in the middle
+        data[len(data) // 2: len(data) // 2 + 16] = bytes(16)
+    with open(lib, "wb") as f:
+        f.write(data)
+    with open(built_lib + ".stamp", "rb") as src, open(lib + ".stamp", "wb") as dst:
+        dst.write(src.read())
+    return lib
+
+
+@needs_cxx
+@pytest.mark.parametrize("how", ["truncated", "corrupt", "intact"])
+def test_stamp_check_rejects_a_damaged_library(built_lib, tmp_path, how):
+    lib = _damaged_copy(built_lib, str(tmp_path), how)
+    assert _build._stamp_ok(lib, _build.source_hash("CPU")) == (how == "intact")
+    assert not _build._stamp_ok(lib, "another-source-hash")
+    # a stamp from before fingerprints (sources only) falls back to the structural check, which a truncated copy fails
+    with open(lib + ".stamp", "w", encoding="utf-8") as f:
+        f.write(_build.source_hash("CPU"))
+    assert _build._stamp_ok(lib, _build.source_hash("CPU")) == (how != "truncated")
+    assert _build.elf_intact(built_lib) and _build.elf_intact(lib) == (how != "truncated")
+
+
+@needs_cxx
+@pytest.mark.parametrize("how", ["truncated", "corrupt"])
+def test_damaged_library_falls_back_without_crashing(built_lib, tmp_path, how):
+    """A damaged library where MS_KLDIV_LIB_DIR points (used to be a bus error at the first kl_div call): never
+    loaded, 'auto' falls back to composite with one warning, the values are right. In a child process, so a crash
+    fails this test, not the suite."""
+    from test_aot_kernel import FALLBACK, _python
+    _damaged_copy(built_lib, str(tmp_path / "lib"), how)
+    work = tmp_path / "cwd"
+    work.mkdir()
+    proc = _python(FALLBACK, {"MS_KLDIV_CACHE": str(tmp_path / "cache"), "MS_KLDIV_LIB_DIR": str(tmp_path / "lib")},
+                   str(work))
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    assert "damaged" in proc.stdout
+    assert os.listdir(work) == []
+
+
+REBUILD = r"""
+import os
+from ms_kldiv import _build
+src = _build.source_hash("CPU")
+cached = os.path.join(os.environ["MS_KLDIV_CACHE"], "lib", src, _build.LIB_NAMES["CPU"])
+good = os.environ["GOOD_LIB"]
+os.makedirs(os.path.dirname(cached), exist_ok=True)
+data = open(good, "rb").read()
+open(cached, "wb").write(data[: len(data) // 3])          # what an interrupted write leaves
+open(cached + ".stamp", "w").write(open(good + ".stamp").read())
+import ms_kldiv._build as b
+installed = b._candidates
+b._candidates = lambda device, expected: installed(device, expected)[-1:]   # the cache only, not an installed copy
+logs = []
+path = b.ensure_library("CPU", log=logs.append)
+assert path == cached and b._stamp_ok(path, src), path
+assert any("does not match its build stamp" in m for m in logs), logs
+assert b.library_info(path).startswith("libkldiv_cpu abi=1")
+print("OK")
+"""
+
+
+@needs_cxx
+@pytest.mark.slow
+def test_damaged_cached_library_is_rebuilt(built_lib, tmp_path):
+    from test_aot_kernel import _python
+    proc = _python(REBUILD, {"MS_KLDIV_CACHE": str(tmp_path / "cache"), "GOOD_LIB": built_lib,
+                             "MS_KLDIV_SOURCE_DIR": os.path.join(REPO, "custom_ops")}, str(tmp_path), timeout=600)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr[-3000:]
 
 
 @needs_cxx
@@ -167,3 +248,16 @@ def test_log_table_header_is_what_fit_logf_prints():
     for i in range(4):
         got = floats(re.search(rf"kC{i} = ([^,;]*)[,;]", header).group(1))[0]
         assert abs(got - floats(printed[f"c{i}"])[0]) <= 1e-5 * abs(got), i
+
+
+def test_shipped_sources_are_only_what_the_package_compiles(tmp_path):
+    """The wheel carries the kernel sources (ms_kldiv/_csrc) so an installed copy can rebuild for its machine; they are
+    the sources and headers the build compiles, nothing from studies or benchmarks."""
+    _build.copy_sources(str(tmp_path))
+    files = [os.path.relpath(os.path.join(d, f), tmp_path) for d, _, fs in os.walk(tmp_path) for f in fs]
+    assert files
+    assert {os.path.splitext(f)[1] for f in files} <= {".h", ".cc", ".inc", ".cu", ".cuh"}, files
+    assert not [f for f in files if "tools" in f.split(os.sep) or "bench" in f], files
+    src = _build.source_dir()
+    compiled = {os.path.relpath(p, src) for dev in ("CPU", "GPU") for p in _build._sources(src, dev) + _build._headers(src, dev)}
+    assert set(files) == compiled, set(files) ^ compiled

@@ -230,3 +230,44 @@ def test_default_chunk_bounds_the_logits():
     assert default_chunk_size(4096, 32000) * 32000 * 2 * 4 <= 64 * 2**20
     assert default_chunk_size(3, 10) == 3
     assert default_chunk_size(10, 10**9) == 1
+
+
+@pytest.mark.parametrize("dtype", [ms.float16, ms.bfloat16])
+def test_half_inputs_accumulate_in_float32(dtype):
+    c = _case(seed=13)
+    args = [ms.Tensor(c[k], ms.float32).astype(dtype) for k in ("hs", "ws", "ht", "wt")]
+    held = {k: a.astype(ms.float32).asnumpy().astype(np.float64) for k, a in zip(("hs", "ws", "ht", "wt"), args)}
+    loss_fn = FusedLinearDistillationLoss(2.0, chunk_size=3)
+    value, grads = ms.value_and_grad(lambda *a: loss_fn(*a, ms.Tensor(c["labels"], ms.int32)),
+                                     grad_position=(0, 1))(*args)
+    assert grads[0].dtype == dtype and grads[1].dtype == dtype
+    expected = reference_loss({**c, **held, "bs": np.zeros(V), "bt": np.zeros(V)}, 2.0, 0.0, 0.0, 1.0)
+    np.testing.assert_allclose(float(value.asnumpy()), expected, rtol=1e-5)
+
+
+def test_model_train_with_the_chunked_head():
+    from mindspore.train import Model
+    rng = np.random.default_rng(17)
+    n, h, v = 48, 8, 30
+    x = rng.normal(size=(n, h)).astype(np.float32)
+    teacher_logits = (x @ rng.normal(size=(v, h)).T).astype(np.float32)
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Dense(h, v, weight_init=ms.Tensor(rng.normal(size=(v, h)) * 0.1, ms.float32))
+            self.kd = FusedLinearDistillationLoss(2.0, chunk_size=16)
+
+        def construct(self, x, t):
+            return self.kd.from_teacher_logits(x, self.head.weight, t, None, self.head.bias)
+
+    net = Net()
+
+    def loss_now():
+        return float(net(ms.Tensor(x), ms.Tensor(teacher_logits)).asnumpy())
+    before = loss_now()
+    data = ms.dataset.NumpySlicesDataset({"x": x, "t": teacher_logits}, shuffle=False).batch(16)
+    model = Model(net, optimizer=nn.Adam(net.trainable_params(), learning_rate=0.05))
+    with graph_mode():
+        model.train(15, data, dataset_sink_mode=False)
+    assert loss_now() < 0.5 * before
