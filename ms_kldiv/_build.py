@@ -40,6 +40,9 @@ CXX_FLAGS = ["-O3", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-DNDEBUG",
 # (CUDA 13 has no sm_70), so the list is cut to what this nvcc supports (see nvcc_arch_flags).
 CUDA_ARCHS = ("70", "75", "80", "86", "89", "90")
 CUDA_PTX_ARCH = "90"
+# The ABI is extern "C"; libstdc++'s templates (std::unique_lock, vector copies) carry default visibility despite
+# -fvisibility=hidden and would otherwise be exported as weak C++ symbols. This linker script keeps them local.
+CPU_EXPORT_MAP = "{ global: *; local: _Z*; };\n"
 NVCC_FLAGS = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
               "--expt-relaxed-constexpr"]
 
@@ -119,6 +122,8 @@ def source_hash(device, src=None):
     flags = {"CPU": CXX_FLAGS, DIAGNOSTICS: CXX_FLAGS + _DIAG_FLAGS}.get(device) or \
         NVCC_FLAGS + (nvcc_arch_flags(_nvcc()) if _nvcc() else [])
     h.update(repr((device, flags, _compiler_id(device))).encode())
+    if device != "GPU":
+        h.update(CPU_EXPORT_MAP.encode())
     for p in _sources(src, device) + _headers(src, device):
         h.update(os.path.relpath(p, src).encode())
         with open(p, "rb") as f:
@@ -205,7 +210,12 @@ def _build_cpu(src, out_path, tmp, flags=()):
             objs.append(obj)
         _run_parallel(cmds, tmp)
         libs = ["-lm", "-pthread"] + (["-lmvec"] if "-DKLDIV_NO_LIBMVEC" not in extra else [])
-        strict = ["-Wl,--no-undefined"] if sys.platform.startswith("linux") else []
+        strict = []
+        if sys.platform.startswith("linux"):
+            export_map = os.path.join(tmp, "exports.map")
+            with open(export_map, "w", encoding="utf-8") as f:
+                f.write(CPU_EXPORT_MAP)
+            strict = ["-Wl,--no-undefined", f"-Wl,--version-script={export_map}"]
         _run([cxx, "-shared", "-o", out_path, *objs, *libs, *strict], tmp)
 
     try:

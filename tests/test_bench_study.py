@@ -41,7 +41,8 @@ def _abi_exports():
 
 def _exported(path):
     out = subprocess.run(["nm", "-D", "--defined-only", path], capture_output=True, text=True, check=True).stdout
-    return {line.split()[-1] for line in out.splitlines() if " T " in line}
+    # every defined dynamic symbol: functions (T), weak template instances (W), data (D/B/R)
+    return {line.split()[-1] for line in out.splitlines() if len(line.split()) == 3}
 
 
 @pytest.mark.skipif(subprocess.run(["which", "nm"], capture_output=True).returncode != 0, reason="no nm (binutils)")
