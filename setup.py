@@ -46,7 +46,7 @@ setup(
     include_package_data=True,
     cmdclass={"build_py": BuildPyWithKernels},
     install_requires=[
-        "mindspore>=2.10,<2.11",  # tested with 2.10.0
+        "mindspore>=2.7,<2.11",  # tested: 2.7.2, 2.8.0, 2.9.0, 2.10.0 (ms_kldiv/_compat.py)
         "numpy<2",  # MindSpore 2.10 is built against NumPy 1.x
         "decorator",  # MindSpore's AKG (hybrid kernels) imports it without declaring it
     ],

@@ -6,8 +6,10 @@ Usage::
     loss = ms_kldiv.kl_div(input, target, reduction='mean')                # functional form
     ms_kldiv.backend_info()                                                # what runs on this device, and why
 """
+from ._compat import check_mindspore as _check_mindspore
 from ._env import keep_cwd_clean as _keep_cwd_clean
 
+_check_mindspore()  # an unsupported MindSpore fails here, with the supported range, not inside a kernel
 _keep_cwd_clean()
 
 from . import backends  # noqa: E402

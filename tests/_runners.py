@@ -46,15 +46,16 @@ class FunctionalLoss(nn.Cell):
 
 
 class Weighted(nn.Cell):
-    """sum(loss(x, t) * w): w injects an arbitrary incoming gradient (sensitivity). Summed in float32 at
-    least, because MindSpore's CPU ReduceSum has no bfloat16 kernel."""
+    """sum(loss(x, t) * w): w injects an arbitrary incoming gradient (sensitivity). Multiplied and summed in
+    float32 at least: MindSpore's CPU ReduceSum has no bfloat16 kernel, nor (before 2.9) does its Mul. The
+    widening is exact, so the op still receives bf16(w) as its incoming gradient."""
 
     def __init__(self, loss):
         super().__init__()
         self.loss = loss
 
     def construct(self, x, t, w):
-        return _wide(self.loss(x, t) * w).sum()
+        return (_wide(self.loss(x, t)) * _wide(w)).sum()
 
 
 class FirstOrder(nn.Cell):
@@ -66,7 +67,7 @@ class FirstOrder(nn.Cell):
 
     def construct(self, x, t, w, v1, v2):
         dx, dt = ms.grad(self.weighted, grad_position=(0, 1))(x, t, w)
-        return _wide(dx * v1).sum() + _wide(dt * v2).sum()
+        return (_wide(dx) * _wide(v1)).sum() + (_wide(dt) * _wide(v2)).sum()
 
 
 class AllReductions(nn.Cell):

@@ -14,6 +14,7 @@ import mindspore as ms
 from mindspore import context as _ms_context
 from mindspore.ops import constexpr
 
+from .. import _compat
 from .base import Backend
 
 __all__ = ["Backend", "register", "names", "get", "resolve", "get_op", "backend_info", "device_target"]
@@ -122,15 +123,8 @@ def get_op(backend, reduction, log_target, graph=False):
     return _make_op(backend, _device_target_const(), reduction, log_target, graph)
 
 
-def _is_compiled(tensor):
-    # In PyNative a constexpr is a plain call and receives the Tensor itself; while a graph is compiled it
-    # receives a placeholder for a variable tensor, marked `created_empty_tensor` (MindSpore's own
-    # constexpr helpers test the same flag, e.g. nn/layer/basic.py).
-    return bool(getattr(tensor, "created_empty_tensor", False))
-
-
 #: compiled(x) is True in graph code (GRAPH_MODE, ms.jit) and False in PyNative, at no run-time cost.
-compiled = constexpr(_is_compiled, check=False)
+compiled = constexpr(_compat.is_graph_placeholder, check=False)
 
 
 get_op.cache_clear = _make_op.cache_clear
