@@ -90,20 +90,39 @@ def test_tile_fills_but_fits_the_unified_buffer(tiling, ub, mode, dtype):
     align = tiling.const["tile_align"]
     assert tile > 0 and tile % align == 0
     plan = tiling.plan(1 << 24, io, mode, 40, ub)
-    assert plan["tile_length"] == tile and plan["ub_bytes_used"] <= ub
+    usable = ub - tiling.const["api_ub_reserve_bytes"]   # the API's own top 8 KiB of UB
+    assert plan["tile_length"] == tile and plan["ub_bytes_used"] <= usable
     # Buffers listed the way the kernels' InitBuffer calls allocate them (IO queues double-buffered, float32
     # work tiles, 1-bit mask, ReduceSum work) plus the fixed reserve.
     queues = {model.FORWARD_NONE: 3, model.FORWARD_REDUCE: 2, model.BACKWARD_NONE: 5, model.BACKWARD_REDUCE: 4}[mode]
     work = {model.FORWARD_NONE: 3, model.FORWARD_REDUCE: 4, model.BACKWARD_NONE: 5, model.BACKWARD_REDUCE: 4}[mode]
     bytes_ = (tiling.const["buffer_num"] * queues * io * tile + work * 4 * tile + tile // 8
               + (tile // 64 * 4 if mode == model.FORWARD_REDUCE else 0) + tiling.const["ub_reserve_bytes"])
-    assert bytes_ <= ub
+    assert bytes_ <= usable
     # Maximal: one more tile step would not fit (unless the cap is what stopped it).
     if tile < tiling.const["max_tile"]:
         bigger = tile + align
         more = (tiling.const["buffer_num"] * queues * io * bigger + work * 4 * bigger + bigger // 8
                 + (bigger // 64 * 4 if mode == model.FORWARD_REDUCE else 0) + tiling.const["ub_reserve_bytes"])
-        assert more > ub
+        assert more > usable
+
+
+def test_no_plan_reaches_the_api_reserve(tiling):
+    """The AscendC library owns the top 8 KiB of the UB (TMP_UB_OFFSET); no plan's buffers may reach it, for any
+    size, mode, dtype, core count or UB size, including UBs barely larger than both reserves."""
+    api = tiling.const["api_ub_reserve_bytes"]
+    assert api == 8192
+    for ub in UBS + (64 * 1024, api + tiling.const["ub_reserve_bytes"] + 4096):
+        for mode in MODES:
+            for io in (2, 4):
+                for n in (1, 5000, 1 << 24):
+                    for cores in CORES:
+                        plan = tiling.plan(n, io, mode, cores, ub)
+                        if plan is None:
+                            continue
+                        assert plan["ub_bytes_used"] <= ub - api, (ub, mode, io, n, cores, plan)
+    # Too small to hold both reserves and one tile: refused, not squeezed into the reserve.
+    assert tiling.plan(100, 4, model.FORWARD_NONE, ub=api + tiling.const["ub_reserve_bytes"]) is None
 
 
 def test_half_types_get_longer_tiles(tiling):
@@ -352,7 +371,8 @@ def test_kernel_ub_footprint_matches_the_plan(tiling, sim):
         run()
         plan = tiling.plan(n, io, mode)
         used = sim.max_ub_used()
-        assert used <= plan["ub_bytes_used"] <= model.ASCEND910B_UB, (mode, used, plan)
+        assert used <= plan["ub_bytes_used"] <= model.ASCEND910B_UB - tiling.const["api_ub_reserve_bytes"], \
+            (mode, used, plan)
         assert used >= plan["ub_bytes_used"] - tiling.const["ub_reserve_bytes"] - 1024, (mode, used, plan)
 
 
@@ -360,3 +380,27 @@ def test_kernel_reduction_is_deterministic(sim):
     x, t = _data(300_000, False, seed=2)
     a = sim.forward(x, t, "sum", False)
     assert all(sim.forward(x, t, "sum", False) == a for _ in range(3))
+
+
+# --------------------------------------------------------------- the stand-in's signatures vs the real API
+SIG_SRC = os.path.join(os.path.dirname(model.__file__), "api_signatures.cpp")
+
+
+def _syntax_only(*defines):
+    cmd = [model.compiler(), "-std=c++20", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", "-I", model.SIM_DIR] \
+        + [f"-D{d}" for d in defines] + [SIG_SRC]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_stand_in_declares_the_real_signatures():
+    """Every stand-in call binds to a pointer typed from the asc-devkit declaration (API_CHECK.md)."""
+    res = _syntax_only()
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize("case", ["REJECT_DOUBLE_SCALAR", "REJECT_RVALUE_FREE", "REJECT_DOUBLE_DUPLICATE",
+                                  "REJECT_MIXED_COMPARE"])
+def test_stand_in_rejects_what_the_real_api_rejects(case):
+    res = _syntax_only(case)
+    assert res.returncode != 0, f"{case} compiled against the stand-in; the real API rejects it"
+    assert "error" in res.stderr and "api_signatures.cpp" in res.stderr
