@@ -452,8 +452,12 @@ void ReduceMax(const LocalTensor<T>& dst, const LocalTensor<T>& src, const Local
 
 }  // namespace AscendC
 
-// Kernel-side glue the CANN build generates.
+// Kernel-side glue the CANN build generates. The CANN build knows each kernel's TilingData type from its
+// registration; a stand-in driver names it with ASIM_TILING_TYPE (one operator family per driver).
+#ifndef ASIM_TILING_TYPE
+#define ASIM_TILING_TYPE KlDivCustomTilingData
+#endif
 #define GET_TILING_DATA(name, ptr) \
-  const KlDivCustomTilingData name = *reinterpret_cast<const KlDivCustomTilingData*>(ptr)
+  const ASIM_TILING_TYPE name = *reinterpret_cast<const ASIM_TILING_TYPE*>(ptr)
 #define TILING_KEY_IS(k) ((k) == 1)
 inline GM_ADDR GetUserWorkspace(GM_ADDR ws) { return ws; }
