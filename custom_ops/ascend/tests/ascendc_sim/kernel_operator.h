@@ -407,7 +407,6 @@ ASIM_BINARY(Min, a < b ? a : b)
   }
 ASIM_SCALAR(Adds, a + s)
 ASIM_SCALAR(Muls, a * s)
-ASIM_SCALAR(Maxs, a > s ? a : s)
 
 template <typename T>
 void Duplicate(const LocalTensor<T>& dst, const T& scalarValue, const int32_t& count) {
