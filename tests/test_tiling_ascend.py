@@ -420,33 +420,8 @@ def dsim32():
     return distill_sim.DistillKernelSimulator("float32")
 
 
-def _log_softmax(z, temperature):
-    return ref.log_softmax(np.asarray(z, np.float64) / temperature)
-
-
-def _weighted(p, x):
-    """p * x with the zero-mass rule: 0 where p == 0 (x may be +-inf or NaN there)."""
-    with np.errstate(all="ignore"):
-        return np.where(p > 0, p * x, 0.0)
-
-
-def distill_grads_f64(student, teacher, temperature, beta, g):
-    """(d_student, d_teacher) of sum_rows g * loss_row in float64, closed form from the definition
-    (checked against finite differences of ref.distillation_pointwise below)."""
-    ls, lt = _log_softmax(student, temperature), _log_softmax(teacher, temperature)
-    ps, pt = np.exp(ls), np.exp(lt)
-    c = np.asarray(g, np.float64)[..., None] * temperature
-    with np.errstate(all="ignore"):
-        if beta in (0.0, 1.0):
-            (la, pa), (lb, pb) = ((lt, pt), (ls, ps)) if beta == 0.0 else ((ls, ps), (lt, pt))
-            k = _weighted(pa, la - lb).sum(-1, keepdims=True)
-            d_b = c * (pb - pa)
-            d_a = c * _weighted(pa, la - lb - k)
-            return (d_b, d_a) if beta == 0.0 else (d_a, d_b)
-        lm = np.logaddexp(lt + np.log(beta), ls + np.log1p(-beta))
-        ks = _weighted(ps, ls - lm).sum(-1, keepdims=True)
-        kt = _weighted(pt, lt - lm).sum(-1, keepdims=True)
-        return c * (1 - beta) * _weighted(ps, ls - lm - ks), c * beta * _weighted(pt, lt - lm - kt)
+_log_softmax = distill_sim.log_softmax_f64
+distill_grads_f64 = distill_sim.reference_grads_f64
 
 
 def _distill_mag(student, teacher, temperature, beta):

@@ -33,7 +33,7 @@ from .common import KLDivWrapper, PointwiseCore, custom_reg_info
 from .composite import composite_op
 
 __all__ = ["AscendAotBackend", "AscendNativeBackend", "find_custom_opp", "AscendCKernels", "NativeKernel",
-           "aot_op", "native_op"]
+           "aot_op", "native_op", "AscendCDistillKernels", "distill_rows_op", "distill_ops_installed"]
 
 OP_NAME = "KlDivCustom"
 GRAD_OP_NAME = "KlDivCustomGrad"
@@ -275,6 +275,163 @@ def native_op(reduction, log_target, kernel=None, fallback=None):
     return KLDivWrapper(core, reduction,
                         fallback=fallback if fallback is not None else composite_op(reduction, log_target),
                         fallback_float64=True, fallback_dynamic_or_empty=True)
+
+
+# ------------------------------------------------------------------------- distillation (DistillCustom)
+DISTILL_OP_NAME = "DistillCustom"
+DISTILL_GRAD_OP_NAME = "DistillCustomGrad"
+DISTILL_STATS = 8  # float32 per row: loss, lse_student, lse_teacher, K1, K2, 0, 0, 0 (distill_custom.cpp)
+
+
+def distill_ops_installed():
+    """True if the installed vendor package (see ``find_custom_opp``) also registers the distillation operators
+    (packages built before they existed do not)."""
+    found, _ = find_custom_opp()
+    if found is None:
+        return False
+    for path in glob.glob(os.path.join(found, "op_impl", "ai_core", "tbe", "config", "*", "aic-*-ops-info.json")):
+        try:
+            with open(path, encoding="utf-8") as f:
+                info = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if DISTILL_OP_NAME in info and DISTILL_GRAD_OP_NAME in info:
+            return True
+    return False
+
+
+def _distill_reg_info(name, inputs, outputs, attrs, io_pattern):
+    """reg_info with per-position dtypes: logits and gradients in the IO dtype, stats and dloss float32."""
+    from mindspore.ops import CustomRegOp, DataType
+    reg = CustomRegOp(name)
+    for i, n in enumerate(inputs):
+        reg = reg.input(i, n, "required")
+    for i, n in enumerate(outputs):
+        reg = reg.output(i, n, "required")
+    for attr_name, attr_type in attrs:
+        reg = reg.attr(attr_name, "required", attr_type)
+    for io in (DataType.F32_Default, DataType.F16_Default, DataType.BF16_Default):
+        reg = reg.dtype_format(*[io if is_io else DataType.F32_Default for is_io in io_pattern])
+    return reg.target("Ascend").get_op_info()
+
+
+def _stats_shape(s, *_):
+    return list(s[:-1]) + [DISTILL_STATS]
+
+
+def _stats_dtype(*_):
+    return ms.float32
+
+
+class _DistillKernelForward(nn.Cell):
+    """DistillCustom with its attributes bound: (student, teacher) -> float32 stats [..., 8]."""
+
+    def __init__(self, temperature, beta):
+        super().__init__()
+        self.temperature = float(temperature)
+        self.beta = float(beta)
+        self.op = ops.Custom(DISTILL_OP_NAME, out_shape=_stats_shape, out_dtype=_stats_dtype, func_type="aot",
+                             reg_info=_distill_reg_info(DISTILL_OP_NAME, ("student", "teacher"), ("stats",),
+                                                        (("temperature", "float"), ("beta", "float")),
+                                                        (True, True, False)))
+
+    def construct(self, student, teacher):
+        return self.op(student, teacher, self.temperature, self.beta)
+
+
+class _DistillKernelBackward(nn.Cell):
+    """DistillCustomGrad: (student, teacher, stats, dloss) -> (d_student, d_teacher); d_teacher is a one-element
+    placeholder the kernel never writes when ``teacher_grad`` is False (MindSpore cannot copy 0-element outputs)."""
+
+    def __init__(self, temperature, beta, teacher_grad):
+        super().__init__()
+        self.temperature = float(temperature)
+        self.beta = float(beta)
+        self.teacher_grad = bool(teacher_grad)
+        if teacher_grad:
+            out_shape = lambda s, t, *_: (s, t)  # noqa: E731
+        else:
+            out_shape = lambda s, t, *_: (s, [1])  # noqa: E731
+        self.op = ops.Custom(DISTILL_GRAD_OP_NAME, out_shape=out_shape, out_dtype=lambda s, t, *_: (s, t),
+                             func_type="aot",
+                             reg_info=_distill_reg_info(DISTILL_GRAD_OP_NAME,
+                                                        ("student", "teacher", "stats", "dloss"),
+                                                        ("d_student", "d_teacher"),
+                                                        (("temperature", "float"), ("beta", "float"),
+                                                         ("teacher_grad", "bool")),
+                                                        (True, True, False, False, True, True)))
+
+    def construct(self, student, teacher, stats, dloss):
+        return self.op(student, teacher, stats, dloss, self.temperature, self.beta, self.teacher_grad)
+
+
+class AscendCDistillKernels:
+    """Factory of the two distillation kernel Cells; the CPU tests substitute one whose Cells run the kernel
+    sources on the AscendC stand-in (custom_ops/ascend/tests/distill_sim.py).
+
+    Contract (student and teacher of one shape [..., V] and one dtype: float32, float16 or bfloat16; V >= 1):
+      forward(temperature, beta)(s, t) -> float32 stats [..., 8]; stats[..., 0] is each row's loss
+      (T^2 times the divergence of beta), the rest is what the backward reads;
+      backward(temperature, beta, teacher_grad)(s, t, stats, dloss) -> (d_student, d_teacher), dloss float32 [...];
+      rows with dloss == 0 get exact zeros; d_teacher is a one-element placeholder when teacher_grad is False.
+    """
+
+    def forward(self, temperature, beta):
+        return _DistillKernelForward(temperature, beta)
+
+    def backward(self, temperature, beta, teacher_grad):
+        return _DistillKernelBackward(temperature, beta, teacher_grad)
+
+
+# Picked in __init__ (graph mode compiles these; no `del` there).
+def _zeros_like_teacher(teacher, d_teacher):  # pylint: disable=unused-argument
+    return ops.zeros_like(teacher)
+
+
+def _kernel_teacher_grad(teacher, d_teacher):  # pylint: disable=unused-argument
+    return d_teacher
+
+
+class _DistillStatsCore(nn.Cell):
+    """The forward kernel (its output: the stats) with the backward kernel as its gradient. Only the loss column
+    of the stats carries a gradient; the other columns are saved values."""
+
+    def __init__(self, kernels, temperature, beta, teacher_grad):
+        super().__init__()
+        self.kernel = kernels.forward(temperature, beta)
+        self.grad = kernels.backward(temperature, beta, teacher_grad)
+        self.teacher_out = _kernel_teacher_grad if teacher_grad else _zeros_like_teacher
+
+    def construct(self, student, teacher):
+        return self.kernel(student, teacher)
+
+    def bprop(self, student, teacher, out, dout):
+        dloss = ops.cast(dout[..., 0], ms.float32)
+        d_student, d_teacher = self.grad(student, teacher, out, dloss)
+        return d_student, self.teacher_out(teacher, d_teacher)
+
+
+class _DistillRows(nn.Cell):
+    def __init__(self, core):
+        super().__init__()
+        self.core = core
+
+    def construct(self, student, teacher):
+        return self.core(student, teacher)[..., 0]
+
+
+def distill_rows_op(temperature=1.0, beta=0.0, teacher_grad=True, kernels=None):
+    """Cell (student, teacher) -> float32 per-row distillation loss [...] on the AscendC kernels, differentiable
+    for both logits (one backward launch writes both gradients; with ``teacher_grad=False`` the teacher gets
+    zeros and the kernel does no teacher work).
+
+    The caller (``ms_kldiv.distillation``) applies ignored rows and the reduction to the row losses (O(rows)
+    work): ``where(keep, rows, 0)`` makes their incoming gradient 0, which the kernel turns into exact zero
+    gradients without reading those rows. It also routes what the kernels do not take: float64 logits (no
+    float64 on the vector units), V == 0 or no rows, shapes that differ (broadcasting), second order (the
+    backward kernel has no gradient of its own), and a package without the distillation operators
+    (``distill_ops_installed()``)."""
+    return _DistillRows(_DistillStatsCore(kernels or AscendCDistillKernels(), temperature, beta, teacher_grad))
 
 
 # ------------------------------------------------------------------------------------------- backends

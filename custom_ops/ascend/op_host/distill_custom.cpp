@@ -5,7 +5,8 @@
 //       (T^2 times the divergence of beta), lse of both scaled rows, the row's KL terms (distill_custom.cpp).
 //   DistillCustomGrad(student, teacher, stats, dloss; temperature, beta, teacher_grad) -> d_student, d_teacher
 //       dloss: float32 [...], the gradient of each row's loss (0 for ignored rows: exact zeros come back).
-//       d_teacher has the teacher's shape, or 0 elements when teacher_grad is false (nothing is computed for it).
+//       d_teacher has the teacher's shape, or is a one-element placeholder, never written, when teacher_grad is
+//       false (nothing is computed for it; MindSpore's Custom op path does not take 0-element outputs).
 //
 // Reductions, ignored rows and dtype promotion are the Python layer's (ms_kldiv/backends/ascend.py): they are
 // O(rows) work on the stats.
@@ -144,7 +145,7 @@ static graphStatus DistillCustomGradInferShape(gert::InferShapeContext* context)
     *dt = *t;
   } else {
     dt->SetDimNum(1);
-    dt->SetDim(0, 0);
+    dt->SetDim(0, 1);
   }
   return GRAPH_SUCCESS;
 }

@@ -196,7 +196,7 @@ class DistillBackward {
   bool teacherGrad_ = false;
 };
 
-// d_teacher is a 0-element tensor when teacher_grad is false (InferShape): nothing is written to it then.
+// d_teacher is a one-element placeholder when teacher_grad is false (InferShape): nothing is written to it then.
 extern "C" __global__ __aicore__ void distill_custom_grad(GM_ADDR student, GM_ADDR teacher, GM_ADDR stats,
                                                           GM_ADDR dloss, GM_ADDR dStudent, GM_ADDR dTeacher,
                                                           GM_ADDR workspace, GM_ADDR tiling) {

@@ -13,6 +13,7 @@ import subprocess
 import numpy as np
 
 import kldiv_tile_model as _km
+from ms_kldiv import reference as _ref
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIM_DIR = os.path.join(HERE, "ascendc_sim")
@@ -149,3 +150,33 @@ class DistillKernelSimulator:
                                                   int(teacher_grad), cores, ub))
         d_s = _km._from_io(ds, self.dtype).reshape(shape)
         return d_s, (_km._from_io(dt, self.dtype).reshape(shape) if teacher_grad else None)
+
+
+# ---------------------------------------------------------------------------------- float64 reference
+def log_softmax_f64(z, temperature):
+    return _ref.log_softmax(np.asarray(z, np.float64) / temperature)
+
+
+def weighted_f64(p, x):
+    """p * x with the zero-mass rule: 0 where p == 0 (x may be +-inf or NaN there)."""
+    with np.errstate(all="ignore"):
+        return np.where(p > 0, p * x, 0.0)
+
+
+def reference_grads_f64(student, teacher, temperature, beta, g):
+    """(d_student, d_teacher) of sum_rows g * loss_row in float64, closed form from the definition
+    (tests/test_tiling_ascend.py checks it against finite differences of the float64 loss)."""
+    ls, lt = log_softmax_f64(student, temperature), log_softmax_f64(teacher, temperature)
+    ps, pt = np.exp(ls), np.exp(lt)
+    c = np.asarray(g, np.float64)[..., None] * temperature
+    with np.errstate(all="ignore"):
+        if beta in (0.0, 1.0):
+            (la, pa), (lb, pb) = ((lt, pt), (ls, ps)) if beta == 0.0 else ((ls, ps), (lt, pt))
+            k = weighted_f64(pa, la - lb).sum(-1, keepdims=True)
+            d_b = c * (pb - pa)
+            d_a = c * weighted_f64(pa, la - lb - k)
+            return (d_b, d_a) if beta == 0.0 else (d_a, d_b)
+        lm = np.logaddexp(lt + np.log(beta), ls + np.log1p(-beta))
+        ks = weighted_f64(ps, ls - lm).sum(-1, keepdims=True)
+        kt = weighted_f64(pt, lt - lm).sum(-1, keepdims=True)
+        return c * (1 - beta) * weighted_f64(ps, ls - lm - ks), c * beta * weighted_f64(pt, lt - lm - kt)
