@@ -685,3 +685,62 @@ def test_distill_rows_op_float16(mode):
     eds, edt = distill_sim.reference_grads_f64(sv, tv, 1.0, 0.5, np.full(4, 0.25))
     np.testing.assert_allclose(to_numpy(ds), eds, rtol=2e-3, atol=2e-6)
     np.testing.assert_allclose(to_numpy(dt), edt, rtol=2e-3, atol=2e-6)
+
+
+class _DistillFirstOrder(nn.Cell):
+    def __init__(self, rows_op):
+        super().__init__()
+        self.grad = ops.GradOperation(get_all=True)(_DistillWeightedRows(rows_op))
+
+    def construct(self, s, t, g, v1, v2):
+        ds, dt, _ = self.grad(s, t, g)
+        return (ds * v1).sum() + (dt * v2).sum()
+
+
+class _DistillWeightedRows(nn.Cell):
+    def __init__(self, rows_op):
+        super().__init__()
+        self.rows = rows_op
+
+    def construct(self, s, t, g):
+        return (self.rows(s, t) * g).sum()
+
+
+@pytest.mark.parametrize("mode", WIRING_MODES)
+@pytest.mark.parametrize("beta, teacher_grad", [(0.0, True), (0.5, True), (1.0, True), (0.5, False)])
+def test_distill_rows_op_second_order(mode, beta, teacher_grad):
+    """Gradient of <v1, d_student> + <v2, d_teacher> w.r.t. both logits and the row weights, against central
+    differences of the float64 reference gradients (frozen teacher: d_teacher is zeros, so only the first term)."""
+    rng = np.random.default_rng(9)
+    s_np, t_np = rng.standard_normal((3, 6)), rng.standard_normal((3, 6))
+    s_np[0, 1] = t_np[0, 1] = -np.inf
+    g_np, v1, v2 = rng.uniform(0.5, 1.5, 3), rng.standard_normal((3, 6)), rng.standard_normal((3, 6))
+    temperature = 1.5
+    key = ("second", beta, teacher_grad)
+    if key not in _DISTILL_CELLS:
+        rows_op = ascend.distill_rows_op(temperature, beta, teacher_grad=teacher_grad,
+                                         kernels=SimulatedDistillKernels())
+        _DISTILL_CELLS[key] = ops.GradOperation(get_all=True)(_DistillFirstOrder(rows_op))
+    got = _run(mode, _DISTILL_CELLS[key], *[make(a, F32)[0] for a in (s_np, t_np, g_np, v1, v2)])
+
+    def f(s_, t_, g_):
+        ds, dt = distill_sim.reference_grads_f64(s_, t_, temperature, beta, g_)
+        first = (np.where(np.isfinite(s_), ds, 0.0) * v1).sum()
+        return float(first + (np.where(np.isfinite(t_), dt, 0.0) * v2).sum() if teacher_grad else first)
+
+    args = [s_np.copy(), t_np.copy(), g_np.copy()]
+    for which, name in enumerate(("student", "teacher", "row weights")):
+        fd = np.zeros_like(args[which])
+        for i in np.ndindex(fd.shape):
+            if not np.isfinite(args[which][i]):
+                continue
+            old = args[which][i]
+            args[which][i] = old + 1e-6
+            hi = f(*args)
+            args[which][i] = old - 1e-6
+            lo = f(*args)
+            args[which][i] = old
+            fd[i] = (hi - lo) / 2e-6
+        g_ = to_numpy(got[which])
+        g_ = np.where(np.isfinite(args[which]), g_, 0.0) if which < 2 else g_
+        np.testing.assert_allclose(g_, fd, rtol=2e-3, atol=2e-4, err_msg=f"{mode} beta={beta} d2/d{name}")
