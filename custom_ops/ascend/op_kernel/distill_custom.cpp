@@ -73,6 +73,18 @@ class DistillForward {
   // Slots of scalarBuf_ (32 B apart, so every vector result starts a block).
   static constexpr uint32_t kMaxA = 0, kMaxB = 8, kSumA = 16, kSumB = 24, kTerm = 32, kExp = 40;
 
+  __aicore__ inline uint32_t Valid(uint64_t i) const {
+    const uint64_t off = i * tile_;
+    return static_cast<uint32_t>(vocab_ - off < tile_ ? vocab_ - off : tile_);
+  }
+
+  // Tile i of a row into the queues, if the row has one. The walks load tile i + 1 before computing tile i, so
+  // the load overlaps the vector work (and the scalar waits for reduction results) of tile i: the queues are
+  // kBufferNum = 2 deep.
+  __aicore__ inline void Prefetch(uint64_t row, uint64_t i, uint64_t tiles) {
+    if (i < tiles) CopyIn(row * vocab_ + i * tile_, Valid(i));
+  }
+
   __aicore__ inline void CopyIn(uint64_t off, uint32_t valid) {
     LocalTensor<T> al = aQue_.template AllocTensor<T>();
     LocalTensor<T> bl = bQue_.template AllocTensor<T>();
@@ -170,10 +182,10 @@ class DistillForward {
   __aicore__ inline void KlRow(uint64_t row) {
     ResetRow();
     const uint64_t tiles = distill_tiling::TileCount(vocab_, tile_);
+    Prefetch(row, 0, tiles);
     for (uint64_t i = 0; i < tiles; ++i) {
-      const uint64_t off = i * tile_;
-      const uint32_t valid = static_cast<uint32_t>(vocab_ - off < tile_ ? vocab_ - off : tile_);
-      CopyIn(row * vocab_ + off, valid);
+      Prefetch(row, i + 1, tiles);
+      const uint32_t valid = Valid(i);
       ScaledTile(distill_tiling::ComputeCount(valid));
       OnlineTile(valid, distill_tiling::ComputeCount(valid), true);
     }
@@ -190,10 +202,10 @@ class DistillForward {
     // Pass 1: both normalisers. a = teacher, b = student here.
     ResetRow();
     const uint64_t tiles = distill_tiling::TileCount(vocab_, tile_);
+    Prefetch(row, 0, tiles);
     for (uint64_t i = 0; i < tiles; ++i) {
-      const uint64_t off = i * tile_;
-      const uint32_t valid = static_cast<uint32_t>(vocab_ - off < tile_ ? vocab_ - off : tile_);
-      CopyIn(row * vocab_ + off, valid);
+      Prefetch(row, i + 1, tiles);
+      const uint32_t valid = Valid(i);
       ScaledTile(distill_tiling::ComputeCount(valid));
       OnlineTile(valid, distill_tiling::ComputeCount(valid), false);
     }
@@ -212,11 +224,11 @@ class DistillForward {
     LocalTensor<float> sc = scalarBuf_.Get<float>();
     LocalTensor<uint8_t> mask = maskBuf_.Get<uint8_t>();
     float ks = 0.0f, kt = 0.0f;
+    Prefetch(row, 0, tiles);
     for (uint64_t i = 0; i < tiles; ++i) {
-      const uint64_t off = i * tile_;
-      const uint32_t valid = static_cast<uint32_t>(vocab_ - off < tile_ ? vocab_ - off : tile_);
+      Prefetch(row, i + 1, tiles);
+      const uint32_t valid = Valid(i);
       const uint32_t count = distill_tiling::ComputeCount(valid);
-      CopyIn(row * vocab_ + off, valid);
       ScaledTile(count);
       Adds(lt, lt, -lseT, count);
       Adds(ls, ls, -lseS, count);

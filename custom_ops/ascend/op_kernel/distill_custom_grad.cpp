@@ -74,18 +74,29 @@ class DistillBackward {
     const bool zero = g == 0.0f;
 
     const uint64_t tiles = distill_tiling::TileCount(vocab_, tile_);
+    // Tile i + 1 is loaded before tile i is computed (the input queues are kBufferNum = 2 deep), so the load
+    // overlaps the vector work.
+    if (!zero) Prefetch(row, 0, tiles);
     for (uint64_t i = 0; i < tiles; ++i) {
-      const uint64_t off = row * vocab_ + i * tile_;
-      const uint32_t valid = static_cast<uint32_t>(vocab_ - i * tile_ < tile_ ? vocab_ - i * tile_ : tile_);
+      const uint32_t valid = Valid(i);
       const uint32_t count = distill_tiling::ComputeCount(valid);
       if (zero) {
         ZeroTile(count);
       } else {
-        CopyIn(off, valid);
+        Prefetch(row, i + 1, tiles);
         Compute(count);
       }
-      CopyOut(off, valid);
+      CopyOut(row * vocab_ + i * tile_, valid);
     }
+  }
+
+  __aicore__ inline uint32_t Valid(uint64_t i) const {
+    const uint64_t off = i * tile_;
+    return static_cast<uint32_t>(vocab_ - off < tile_ ? vocab_ - off : tile_);
+  }
+
+  __aicore__ inline void Prefetch(uint64_t row, uint64_t i, uint64_t tiles) {
+    if (i < tiles) CopyIn(row * vocab_ + i * tile_, Valid(i));
   }
 
   __aicore__ inline void CopyIn(uint64_t off, uint32_t valid) {
