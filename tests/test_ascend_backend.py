@@ -615,7 +615,12 @@ def test_distill_op_is_declared_and_harmless_off_ascend():
     """Importable and constructible on CPU: no Ascend primitive is touched until a Cell is built."""
     assert ascend.DISTILL_OP_NAME == "DistillCustom" and ascend.DISTILL_GRAD_OP_NAME == "DistillCustomGrad"
     assert ascend.distill_ops_installed() is False or ascend.find_custom_opp()[0] is not None
-    assert callable(ascend.distill_rows_op)
+    # The real aot Cells can be built anywhere (they only launch on Ascend).
+    both = ascend.distill_rows_op(2.0, 0.5)
+    frozen = ascend.distill_rows_op(1.0, 0.0, teacher_grad=False)
+    assert isinstance(both.core.kernel, ascend._DistillKernelForward)
+    assert isinstance(both.core.grad.kernel, ascend._DistillKernelBackward) and both.core.grad.kernel.teacher_grad
+    assert not frozen.core.grad.kernel.teacher_grad
 
 
 def test_distill_ops_detected_in_an_installed_package(clean_env, tmp_path):
