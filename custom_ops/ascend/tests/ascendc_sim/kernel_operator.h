@@ -12,7 +12,8 @@
 // API_CHECK.md): templates on the element type, `const int32_t& count` where the real API has it, scalars of the
 // tensor's own type, non-const FreeTensor/Get. So a call that compiles here deduces and converts as in ccec.
 // A violated constraint throws; the driver stops that core, reports the message, and the launch fails.
-// Not modelled: pipelining (everything here is sequential, so a missing barrier is not detected), hardware Ln/Exp accuracy (libm float functions), performance.
+// Not modelled: pipelining (everything here is sequential, so a missing barrier is not detected; SetFlag/WaitFlag
+// are only checked for pairing), hardware Ln/Exp accuracy (libm float functions), performance.
 #pragma once
 
 #include <barrier>
