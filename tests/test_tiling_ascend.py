@@ -536,6 +536,13 @@ def test_distill_kernel_float32_qwen_vocab(dsim32, beta):
         _check_distill(dsim32, s, t, temperature, beta, cores=2, what=f"152064 T={temperature}")
 
 
+def test_distill_kernel_float32_largest_vocab(dsim32):
+    """V = 262,144 (the largest the issue names): 47-74 tiles a row, ragged last tiles for most op/beta pairs."""
+    s, t = _distill_inputs(2, 262144, seed=8)
+    for beta in BETAS:
+        _check_distill(dsim32, s, t, 1.0, beta, cores=2, what=f"262144 beta={beta}")
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("beta", BETAS)
 def test_distill_kernel_half_inputs(dtype, beta):
