@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Builds the installable CANN custom-op package (custom_opp_<os>_<arch>.run) for KlDivCustom and
-# KlDivCustomGrad, vendor "ms_kldiv".
+# Builds the installable CANN custom-op package (custom_opp_<os>_<arch>.run) for KlDivCustom, KlDivCustomGrad,
+# DistillCustom and DistillCustomGrad, vendor "ms_kldiv".
 #
 #   source /usr/local/Ascend/ascend-toolkit/set_env.sh        # CANN >= 8.0 (toolkit), see docs/ascend.md
 #   bash custom_ops/ascend/build.sh [--soc ascend910b] [--build-dir DIR] [--install [--install-path DIR]]
 #
 # The CMake plumbing of a CANN operator project (cmake/*.cmake, scripts/, the packaging of the .run file)
-# belongs to the toolkit: msopgen generates it from kl_div_custom.json, and this script then puts our
+# belongs to the toolkit: msopgen generates it from kl_div_custom.json + distill_custom.json, and this script puts our
 # op_host/ and op_kernel/ sources in place of the generated stubs and runs the project's own build.
 # Nothing is written into the source tree; the default build directory is ./build_ascend_opp.
 set -euo pipefail
@@ -39,13 +39,23 @@ fi
 PROJECT="${BUILD_DIR}/KlDivCustom"
 rm -rf "${PROJECT}"
 mkdir -p "${BUILD_DIR}"
-msopgen gen -i "${HERE}/kl_div_custom.json" -c "ai_core-${SOC}" -lan cpp -out "${PROJECT}"
+# One project for all four operators: msopgen takes one description, so the two are concatenated.
+python3 - "${HERE}/kl_div_custom.json" "${HERE}/distill_custom.json" "${BUILD_DIR}/ms_kldiv_ops.json" <<'PY'
+import json, sys
+ops = []
+for path in sys.argv[1:-1]:
+    with open(path) as f:
+        ops += json.load(f)
+with open(sys.argv[-1], "w") as f:
+    json.dump(ops, f, indent=2)
+PY
+msopgen gen -i "${BUILD_DIR}/ms_kldiv_ops.json" -c "ai_core-${SOC}" -lan cpp -out "${PROJECT}"
 
 # Our sources replace the generated stubs (same file names msopgen derives from the op names).
 rm -f "${PROJECT}"/op_host/*.cpp "${PROJECT}"/op_host/*.h "${PROJECT}"/op_kernel/*.cpp "${PROJECT}"/op_kernel/*.h
 cp "${HERE}"/op_host/*.cpp "${HERE}"/op_host/*.h "${PROJECT}/op_host/"
 cp "${HERE}"/op_kernel/*.cpp "${HERE}"/op_kernel/*.h "${PROJECT}/op_kernel/"
-# The host tiling includes ../op_kernel/kl_div_tiling_plan.h, which the copy above keeps valid.
+# The host tilings include ../op_kernel/*_tiling_plan.h, which the copy above keeps valid.
 
 # Vendor name and CANN path in the generated CMakePresets.json.
 python3 - "${PROJECT}/CMakePresets.json" "${VENDOR}" "${ASCEND_HOME_PATH}" <<'PY'

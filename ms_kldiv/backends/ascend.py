@@ -33,7 +33,7 @@ from .common import KLDivWrapper, PointwiseCore, custom_reg_info
 from .composite import composite_op
 
 __all__ = ["AscendAotBackend", "AscendNativeBackend", "find_custom_opp", "AscendCKernels", "NativeKernel",
-           "aot_op", "native_op"]
+           "aot_op", "native_op", "AscendCDistillKernels", "distill_rows_op", "distill_ops_installed"]
 
 OP_NAME = "KlDivCustom"
 GRAD_OP_NAME = "KlDivCustomGrad"
@@ -275,6 +275,227 @@ def native_op(reduction, log_target, kernel=None, fallback=None):
     return KLDivWrapper(core, reduction,
                         fallback=fallback if fallback is not None else composite_op(reduction, log_target),
                         fallback_float64=True, fallback_dynamic_or_empty=True)
+
+
+# ------------------------------------------------------------------------- distillation (DistillCustom)
+DISTILL_OP_NAME = "DistillCustom"
+DISTILL_GRAD_OP_NAME = "DistillCustomGrad"
+DISTILL_STATS = 8  # float32 per row: loss, lse_student, lse_teacher, K1, K2, 0, 0, 0 (distill_custom.cpp)
+
+
+def distill_ops_installed():
+    """True if the installed vendor package (see ``find_custom_opp``) also registers the distillation operators
+    (packages built before they existed do not)."""
+    found, _ = find_custom_opp()
+    if found is None:
+        return False
+    for path in glob.glob(os.path.join(found, "op_impl", "ai_core", "tbe", "config", "*", "aic-*-ops-info.json")):
+        try:
+            with open(path, encoding="utf-8") as f:
+                info = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if DISTILL_OP_NAME in info and DISTILL_GRAD_OP_NAME in info:
+            return True
+    return False
+
+
+def _distill_reg_info(name, inputs, outputs, attrs, io_pattern):
+    """reg_info with per-position dtypes: logits and gradients in the IO dtype, stats and dloss float32."""
+    from mindspore.ops import CustomRegOp, DataType
+    reg = CustomRegOp(name)
+    for i, n in enumerate(inputs):
+        reg = reg.input(i, n, "required")
+    for i, n in enumerate(outputs):
+        reg = reg.output(i, n, "required")
+    for attr_name, attr_type in attrs:
+        reg = reg.attr(attr_name, "required", attr_type)
+    for io in (DataType.F32_Default, DataType.F16_Default, DataType.BF16_Default):
+        reg = reg.dtype_format(*[io if is_io else DataType.F32_Default for is_io in io_pattern])
+    return reg.target("Ascend").get_op_info()
+
+
+def _stats_shape(s, *_):
+    return list(s[:-1]) + [DISTILL_STATS]
+
+
+def _stats_dtype(*_):
+    return ms.float32
+
+
+class _DistillKernelForward(nn.Cell):
+    """DistillCustom with its attributes bound: (student, teacher) -> float32 stats [..., 8]."""
+
+    def __init__(self, temperature, beta):
+        super().__init__()
+        self.temperature = float(temperature)
+        self.beta = float(beta)
+        self.op = ops.Custom(DISTILL_OP_NAME, out_shape=_stats_shape, out_dtype=_stats_dtype, func_type="aot",
+                             reg_info=_distill_reg_info(DISTILL_OP_NAME, ("student", "teacher"), ("stats",),
+                                                        (("temperature", "float"), ("beta", "float")),
+                                                        (True, True, False)))
+
+    def construct(self, student, teacher):
+        return self.op(student, teacher, self.temperature, self.beta)
+
+
+class _DistillKernelBackward(nn.Cell):
+    """DistillCustomGrad: (student, teacher, stats, dloss) -> (d_student, d_teacher); d_teacher is a one-element
+    placeholder the kernel never writes when ``teacher_grad`` is False (MindSpore cannot copy 0-element outputs)."""
+
+    def __init__(self, temperature, beta, teacher_grad):
+        super().__init__()
+        self.temperature = float(temperature)
+        self.beta = float(beta)
+        self.teacher_grad = bool(teacher_grad)
+        if teacher_grad:
+            out_shape = lambda s, t, *_: (s, t)  # noqa: E731
+        else:
+            out_shape = lambda s, t, *_: (s, [1])  # noqa: E731
+        self.op = ops.Custom(DISTILL_GRAD_OP_NAME, out_shape=out_shape, out_dtype=lambda s, t, *_: (s, t),
+                             func_type="aot",
+                             reg_info=_distill_reg_info(DISTILL_GRAD_OP_NAME,
+                                                        ("student", "teacher", "stats", "dloss"),
+                                                        ("d_student", "d_teacher"),
+                                                        (("temperature", "float"), ("beta", "float"),
+                                                         ("teacher_grad", "bool")),
+                                                        (True, True, False, False, True, True)))
+
+    def construct(self, student, teacher, stats, dloss):
+        return self.op(student, teacher, stats, dloss, self.temperature, self.beta, self.teacher_grad)
+
+
+class AscendCDistillKernels:
+    """Factory of the two distillation kernel Cells; the CPU tests substitute one whose Cells run the kernel
+    sources on the AscendC stand-in (custom_ops/ascend/tests/distill_sim.py).
+
+    Contract (student and teacher of one shape [..., V] and one dtype: float32, float16 or bfloat16; V >= 1):
+      forward(temperature, beta)(s, t) -> float32 stats [..., 8]; stats[..., 0] is each row's loss
+      (T^2 times the divergence of beta), the rest is what the backward reads;
+      backward(temperature, beta, teacher_grad)(s, t, stats, dloss) -> (d_student, d_teacher), dloss float32 [...];
+      rows with dloss == 0 get exact zeros; d_teacher is a one-element placeholder when teacher_grad is False.
+    """
+
+    def forward(self, temperature, beta):
+        return _DistillKernelForward(temperature, beta)
+
+    def backward(self, temperature, beta, teacher_grad):
+        return _DistillKernelBackward(temperature, beta, teacher_grad)
+
+
+# Picked in __init__: (d_student, d_teacher) from what the backward core returns.
+def _both_grads(teacher, grads):  # pylint: disable=unused-argument
+    return grads
+
+
+def _student_grad_only(teacher, d_student):
+    # A constant of the teacher's shape: a frozen teacher gets zeros and costs no kernel work.
+    return d_student, ops.zeros(teacher.shape, teacher.dtype)
+
+
+class _DistillGradPairing(nn.Cell):
+    """sum(cs * d_student) + sum(ct * d_teacher) for d_* the gradients of sum_rows g * loss_row, in plain MindSpore
+    ops (ms_kldiv._distill_math's closed forms, float32): differentiating it gives the backward kernel's own
+    gradient, with the saved stats taken as the functions of the logits they are."""
+
+    def __init__(self, temperature, beta, teacher_grad):
+        super().__init__()
+        from .. import _distill_math  # lazily: it imports the functional API, which imports the backends
+        self.loss_and_grads = _distill_math.loss_and_grads
+        self.temperature = temperature
+        self.beta = beta
+        self.teacher_grad = teacher_grad
+
+    def construct(self, student, teacher, g, cs, ct):
+        f32 = ms.float32
+        vocab = student.shape[-1]
+        s2 = ops.reshape(ops.cast(student, f32), (-1, vocab))
+        t2 = ops.reshape(ops.cast(teacher, f32), (-1, vocab))
+        w = ops.reshape(ops.cast(g, f32), (-1, 1))
+        keep = ops.ones((s2.shape[0],), ms.bool_)
+        _, ds, dt = self.loss_and_grads(s2, t2, self.temperature, self.beta, keep, self.teacher_grad)
+        total = (ops.reshape(ops.cast(cs, f32), (-1, vocab)) * w * ds).sum()
+        if self.teacher_grad:
+            total = total + (ops.reshape(ops.cast(ct, f32), (-1, vocab)) * w * dt).sum()
+        return total
+
+
+class _DistillGradCore(nn.Cell):
+    """The backward kernel (both gradients), differentiable once more through _DistillGradPairing (second order).
+    The stats input gets a zero gradient: its dependence on the logits is inside the pairing's derivative."""
+
+    def __init__(self, kernels, temperature, beta):
+        super().__init__()
+        self.kernel = kernels.backward(temperature, beta, True)
+        self.pairing_grad = ops.GradOperation(get_all=True)(_DistillGradPairing(temperature, beta, True))
+
+    def construct(self, student, teacher, stats, dloss):
+        return self.kernel(student, teacher, stats, dloss)
+
+    def bprop(self, student, teacher, stats, dloss, out, dout):
+        cs, ct = dout
+        gs, gt, gg, _, _ = self.pairing_grad(student, teacher, dloss, cs, ct)
+        return gs, gt, ops.zeros(stats.shape, stats.dtype), gg
+
+
+class _DistillStudentGradCore(nn.Cell):
+    """The backward kernel without teacher work: d_student only (the kernel's placeholder output is dropped here,
+    inside a Cell with its own bprop, so autodiff never builds a cotangent for it)."""
+
+    def __init__(self, kernels, temperature, beta):
+        super().__init__()
+        self.kernel = kernels.backward(temperature, beta, False)
+        self.pairing_grad = ops.GradOperation(get_all=True)(_DistillGradPairing(temperature, beta, False))
+
+    def construct(self, student, teacher, stats, dloss):
+        return self.kernel(student, teacher, stats, dloss)[0]
+
+    def bprop(self, student, teacher, stats, dloss, out, dout):
+        gs, gt, gg, _, _ = self.pairing_grad(student, teacher, dloss, dout, dout)
+        return gs, gt, ops.zeros(stats.shape, stats.dtype), gg
+
+
+class _DistillStatsCore(nn.Cell):
+    """The forward kernel (its output: the stats) with the backward kernel as its gradient. Only the loss column
+    of the stats carries a gradient; the other columns are saved values."""
+
+    def __init__(self, kernels, temperature, beta, teacher_grad):
+        super().__init__()
+        self.kernel = kernels.forward(temperature, beta)
+        if teacher_grad:
+            self.grad, self.split = _DistillGradCore(kernels, temperature, beta), _both_grads
+        else:
+            self.grad, self.split = _DistillStudentGradCore(kernels, temperature, beta), _student_grad_only
+
+    def construct(self, student, teacher):
+        return self.kernel(student, teacher)
+
+    def bprop(self, student, teacher, out, dout):
+        dloss = ops.cast(dout[..., 0], ms.float32)
+        return self.split(teacher, self.grad(student, teacher, out, dloss))
+
+
+class _DistillRows(nn.Cell):
+    def __init__(self, core):
+        super().__init__()
+        self.core = core
+
+    def construct(self, student, teacher):
+        return self.core(student, teacher)[..., 0]
+
+
+def distill_rows_op(temperature=1.0, beta=0.0, teacher_grad=True, kernels=None):
+    """Cell (student, teacher) -> float32 per-row distillation loss [...] on the AscendC kernels, differentiable
+    for both logits (one backward launch writes both gradients; with ``teacher_grad=False`` the teacher gets
+    zeros and the kernel does no teacher work).
+
+    The caller (``ms_kldiv.distillation``) applies ignored rows and the reduction to the row losses (O(rows)
+    work): ``where(keep, rows, 0)`` makes their incoming gradient 0, which the kernel turns into exact zero
+    gradients without reading those rows. Second order goes through plain MindSpore ops (the closed-form
+    gradients of ``ms_kldiv._distill_math``, differentiated). The caller routes what the kernels do not take:
+    float64 logits (no float64 on the vector units), V == 0 or no rows, shapes that differ (broadcasting), and a
+    package without the distillation operators (``distill_ops_installed()``)."""
+    return _DistillRows(_DistillStatsCore(kernels or AscendCDistillKernels(), temperature, beta, teacher_grad))
 
 
 # ------------------------------------------------------------------------------------------- backends

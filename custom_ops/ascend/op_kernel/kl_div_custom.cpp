@@ -27,7 +27,7 @@ class KlDivForward {
     logTarget_ = td.logTarget != 0;
     reduce_ = td.reduction != kldiv_tiling::kNone;
     scale_ = td.scale;
-    core_ = GetBlockIdx();
+    core_ = static_cast<uint32_t>(GetBlockIdx());
     kldiv_tiling::CoreRange(n_, td.baseChunks, td.remChunks, core_, &start_, &len_);
 
     xGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(x) + start_, len_);

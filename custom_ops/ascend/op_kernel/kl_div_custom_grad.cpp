@@ -19,7 +19,8 @@ class KlDivBackward {
     tile_ = td.tileLength;
     logTarget_ = td.logTarget != 0;
     elementwise_ = td.reduction == kldiv_tiling::kNone;
-    kldiv_tiling::CoreRange(td.totalLength, td.baseChunks, td.remChunks, GetBlockIdx(), &start_, &len_);
+    kldiv_tiling::CoreRange(td.totalLength, td.baseChunks, td.remChunks, static_cast<uint32_t>(GetBlockIdx()),
+                            &start_, &len_);
 
     xGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(x) + start_, len_);
     tGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(target) + start_, len_);

@@ -26,9 +26,12 @@ constexpr uint32_t kBufferNum = 2;          // double buffering of every queue
 constexpr uint32_t kMaxTile = 16384;        // beyond this, bigger tiles buy nothing measurable and cost tail latency
 // Below this many elements per core, starting one more core costs more than it saves.
 constexpr uint32_t kMinElemsPerCore = 4096;
-// UB kept out of the tile budget: the per-core partial, the final pass over all cores' partials
-// (<= kMaxCores * 32 B) and the ReduceSum work area's fixed part.
-constexpr uint32_t kUbReserveBytes = 8192;
+// The top 8 KiB of the UB belong to the AscendC library on Atlas A2 and 310P: it writes its own temporaries
+// there (Select's scalar block, for one), impl/basic_api/utils/kernel_utils_constants.h TMP_UB_OFFSET.
+constexpr uint32_t kApiUbReserveBytes = 8192;
+// UB kept out of the tile budget for our own small buffers: the per-core partial, the final pass over all
+// cores' partials (<= kMaxCores * 32 B), the ReduceSum work area's fixed part; 2112 B at most.
+constexpr uint32_t kUbReserveBytes = 4096;
 constexpr uint32_t kMaxCores = 64;
 constexpr uint32_t kPartialStrideBytes = 32;  // one 32 B block of workspace per core partial sum
 
@@ -47,7 +50,8 @@ struct Plan {
   uint32_t tileLength;    // elements per full tile, multiple of kTileAlign
   uint64_t baseChunks;    // kCoreAlign-chunks per core ...
   uint32_t remChunks;     // ... plus one for cores [0, remChunks)
-  uint32_t ubBytesUsed;   // UB the kernel allocates for this plan (tile buffers + reserve)
+  uint32_t ubBytesUsed;   // UB the kernel may allocate for this plan (tile buffers + our reserve), all of it
+                          // below ub - kApiUbReserveBytes
   uint32_t workspaceBytes;  // user workspace: one partial per core for the reducing modes, else 0
 };
 
@@ -68,10 +72,11 @@ KLDIV_TILING_FN uint32_t BitsPerElement(uint32_t mode, uint32_t io) {
   return bytes * 8 + 1 + (mode == kForwardReduce ? 8 * f32 / 64 : 0);
 }
 
-// Largest tile (multiple of kTileAlign, <= kMaxTile) whose buffers fit in ubBytes; 0 if even one does not.
+// Largest tile (multiple of kTileAlign, <= kMaxTile) whose buffers fit in ubBytes less both reserves; 0 if even
+// one does not.
 KLDIV_TILING_FN uint32_t TileLength(uint32_t mode, uint32_t io, uint32_t ubBytes) {
-  if (ubBytes <= kUbReserveBytes) return 0;
-  const uint64_t budgetBits = static_cast<uint64_t>(ubBytes - kUbReserveBytes) * 8;
+  if (ubBytes <= kApiUbReserveBytes + kUbReserveBytes) return 0;
+  const uint64_t budgetBits = static_cast<uint64_t>(ubBytes - kApiUbReserveBytes - kUbReserveBytes) * 8;
   uint64_t tile = budgetBits / BitsPerElement(mode, io);
   tile -= tile % kTileAlign;
   return static_cast<uint32_t>(tile > kMaxTile ? kMaxTile : tile);

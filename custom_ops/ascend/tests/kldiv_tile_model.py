@@ -104,7 +104,7 @@ class Tiling:
         lib.kldiv_const.restype = u32
         self.lib = lib
         names = ("core_align", "tile_align", "buffer_num", "max_tile", "min_elems_per_core", "ub_reserve_bytes",
-                 "max_cores", "partial_stride_bytes")
+                 "max_cores", "partial_stride_bytes", "api_ub_reserve_bytes")
         self.const = {name: lib.kldiv_const(i) for i, name in enumerate(names)}
 
     def plan(self, n, io, mode, cores=ASCEND910B_AIV, ub=ASCEND910B_UB):

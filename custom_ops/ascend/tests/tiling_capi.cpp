@@ -45,6 +45,7 @@ uint32_t kldiv_const(int which) {
     case 5: return kUbReserveBytes;
     case 6: return kMaxCores;
     case 7: return kPartialStrideBytes;
+    case 8: return kApiUbReserveBytes;
     default: return 0;
   }
 }

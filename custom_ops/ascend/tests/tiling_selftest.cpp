@@ -18,7 +18,7 @@ static int Check(uint64_t n, uint32_t io, uint32_t mode, uint32_t coreCount, uin
   if (!MakePlan(n, io, mode, coreCount, ub, &p)) return Fail("MakePlan refused", n, coreCount, mode, io);
   if (p.usedCores < 1 || p.usedCores > coreCount) return Fail("usedCores out of range", n, coreCount, mode, io);
   if (p.tileLength == 0 || p.tileLength % kTileAlign) return Fail("tile not aligned", n, coreCount, mode, io);
-  if (p.ubBytesUsed > ub) return Fail("UB overflow", n, coreCount, mode, io);
+  if (p.ubBytesUsed > ub - kApiUbReserveBytes) return Fail("UB overflow into the API reserve", n, coreCount, mode, io);
   uint64_t next = 0;
   for (uint32_t c = 0; c < p.usedCores; ++c) {
     uint64_t s = 0, len = 0;

@@ -1,0 +1,289 @@
+// DistillCustom forward kernel (AscendC, vector cores): per row of student and teacher logits [rows, V], the
+// distillation loss and the row statistics the backward needs, with no [rows, V] intermediate.
+//
+// Rows are split over the cores (distill_tiling_plan.h RowRange); a row is walked in vocabulary tiles through
+// double-buffered queues (a 152K row does not fit in the UB). Everything is float32 inside.
+//
+// KL (beta 0 or 1), one read of the row: KL(P_a || P_b) kept online. With running shifts m_a, m_b (the running
+// maxima of a' and b', 0 while a side has seen only -inf) and u = a' - m_a, v = b' - m_b:
+//   S_a = sum e^u,  S_b = sum e^v,  B = sum e^u (u - v)   (terms with e^u = 0, i.e. a' = -inf, are 0)
+// When a shift grows by d_a (d_b), S_a *= e^-d_a, S_b *= e^-d_b and B = e^-d_a (B - (d_a - d_b) S_a), exact
+// algebra; B = +inf (b' = -inf where a has mass) stays +inf. At the row's end
+//   lse_a = m_a + ln S_a,  lse_b = m_b + ln S_b,  K = B / S_a - ln S_a + ln S_b.
+// The terms u - v are bounded by the logits' spread within the row, not by their size, so logits of 1e4 cost no
+// accuracy.
+//
+// JSD (0 < beta < 1): log M needs both normalisers, so the row is read twice: pass 1 the online max and sum-exp
+// of both sides, pass 2 the two KL terms against M.
+//
+// Output: float32 stats [rows, 8]: loss (T^2 times the divergence), lse_student, lse_teacher, K1, K2, 0, 0, 0
+// (KL: K1 = K; JSD: K1 = K_s, K2 = K_t). lse and K are of the scaled logits, what the backward reads.
+#include "distill_common.h"
+
+using namespace AscendC;
+using namespace distill_kernel;
+
+template <typename T>
+class DistillForward {
+ public:
+  __aicore__ inline DistillForward() {}
+
+  __aicore__ inline void Init(GM_ADDR student, GM_ADDR teacher, GM_ADDR stats, const DistillCustomTilingData& td) {
+    vocab_ = td.vocab;
+    tile_ = td.tileLength;
+    kind_ = td.kind;
+    invT_ = td.invTemperature;
+    tSquared_ = td.tSquared;
+    beta_ = td.beta;
+    logBeta_ = td.logBeta;
+    log1mBeta_ = td.log1mBeta;
+    distill_tiling::RowRange(td.baseRows, td.remRows, static_cast<uint32_t>(GetBlockIdx()), &rowStart_, &rowCount_);
+
+    // KL(P_a || P_b): a = teacher for forward KL, the student for reverse KL. JSD reads them as (s, t) = (b, a).
+    const bool aIsStudent = kind_ == distill_tiling::kReverseKL;
+    aGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(aIsStudent ? student : teacher), td.rows * vocab_);
+    bGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(aIsStudent ? teacher : student), td.rows * vocab_);
+    statsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(stats), td.rows * distill_tiling::kStatsStride);
+
+    pipe_.InitBuffer(aQue_, distill_tiling::kBufferNum, tile_ * sizeof(T));
+    pipe_.InitBuffer(bQue_, distill_tiling::kBufferNum, tile_ * sizeof(T));
+    pipe_.InitBuffer(aBuf_, tile_ * sizeof(float));
+    pipe_.InitBuffer(bBuf_, tile_ * sizeof(float));
+    pipe_.InitBuffer(w1Buf_, tile_ * sizeof(float));
+    pipe_.InitBuffer(w2Buf_, tile_ * sizeof(float));
+    if (kind_ == distill_tiling::kJSD) pipe_.InitBuffer(w3Buf_, tile_ * sizeof(float));
+    pipe_.InitBuffer(maskBuf_, tile_ / 8);
+    pipe_.InitBuffer(workBuf_, (tile_ / 32 + distill_tiling::kReduceWorkFixedFloats) * sizeof(float));
+    pipe_.InitBuffer(scalarBuf_, distill_tiling::kScalarFloats * sizeof(float));
+    pipe_.InitBuffer(statBuf_, distill_tiling::kStatsStride * sizeof(float));
+  }
+
+  __aicore__ inline void Process() {
+    for (uint64_t r = 0; r < rowCount_; ++r) {
+      const uint64_t row = rowStart_ + r;
+      if (kind_ == distill_tiling::kJSD) {
+        JsdRow(row);
+      } else {
+        KlRow(row);
+      }
+    }
+  }
+
+ private:
+  // Slots of scalarBuf_ (32 B apart, so every vector result starts a block).
+  static constexpr uint32_t kMaxA = 0, kMaxB = 8, kSumA = 16, kSumB = 24, kTerm = 32, kExp = 40;
+
+  __aicore__ inline uint32_t Valid(uint64_t i) const {
+    const uint64_t off = i * tile_;
+    return static_cast<uint32_t>(vocab_ - off < tile_ ? vocab_ - off : tile_);
+  }
+
+  // Tile i of a row into the queues, if the row has one. The walks load tile i + 1 before computing tile i, so
+  // the load overlaps the vector work (and the scalar waits for reduction results) of tile i: the queues are
+  // kBufferNum = 2 deep.
+  __aicore__ inline void Prefetch(uint64_t row, uint64_t i, uint64_t tiles) {
+    if (i < tiles) CopyIn(row * vocab_ + i * tile_, Valid(i));
+  }
+
+  __aicore__ inline void CopyIn(uint64_t off, uint32_t valid) {
+    LocalTensor<T> al = aQue_.template AllocTensor<T>();
+    LocalTensor<T> bl = bQue_.template AllocTensor<T>();
+    LoadRow(al, aGm_, off, valid);
+    LoadRow(bl, bGm_, off, valid);
+    aQue_.EnQue(al);
+    bQue_.EnQue(bl);
+  }
+
+  // a' and b' of the tile, float32, into aBuf_ / bBuf_.
+  __aicore__ inline void ScaledTile(uint32_t count) {
+    LocalTensor<T> al = aQue_.template DeQue<T>();
+    LocalTensor<T> bl = bQue_.template DeQue<T>();
+    ScaledFloat(aBuf_.Get<float>(), al, invT_, count);
+    ScaledFloat(bBuf_.Get<float>(), bl, invT_, count);
+    aQue_.FreeTensor(al);
+    bQue_.FreeTensor(bl);
+  }
+
+  // Online max and sum-exp of both sides over one tile (and, for KL, the running B). Updates the members.
+  __aicore__ inline void OnlineTile(uint32_t valid, uint32_t count, bool withTerm) {
+    LocalTensor<float> a = aBuf_.Get<float>();
+    LocalTensor<float> b = bBuf_.Get<float>();
+    LocalTensor<float> w1 = w1Buf_.Get<float>();
+    LocalTensor<float> w2 = w2Buf_.Get<float>();
+    LocalTensor<float> work = workBuf_.Get<float>();
+    LocalTensor<float> sc = scalarBuf_.Get<float>();
+    LocalTensor<uint8_t> mask = maskBuf_.Get<uint8_t>();
+
+    ReduceMax(sc[kMaxA], a, work, valid);
+    ReduceMax(sc[kMaxB], b, work, valid);
+    VectorToScalar();
+    const float tileMaxA = sc.GetValue(kMaxA);
+    const float tileMaxB = sc.GetValue(kMaxB);
+    // Shifts: the running maxima, 0 while only -inf was seen (exp(-inf - 0) = 0 keeps those sums exactly 0).
+    if (tileMaxA > maxA_) maxA_ = tileMaxA;
+    if (tileMaxB > maxB_) maxB_ = tileMaxB;
+    const float newShiftA = maxA_ == kNegInf ? 0.0f : maxA_;
+    const float newShiftB = maxB_ == kNegInf ? 0.0f : maxB_;
+    const float dA = newShiftA - shiftA_;
+    const float dB = newShiftB - shiftB_;
+    shiftA_ = newShiftA;
+    shiftB_ = newShiftB;
+    sc.SetValue(kExp, -dA);
+    sc.SetValue(kExp + 1, -dB);
+    ScalarToVector();
+    Exp(sc[kExp], sc[kExp], 8);
+
+    Adds(a, a, -newShiftA, count);  // u
+    Adds(b, b, -newShiftB, count);  // v
+    Exp(w1, a, count);
+    ReduceSum(sc[kSumA], w1, work, valid);
+    Exp(w2, b, count);
+    ReduceSum(sc[kSumB], w2, work, valid);
+    if (withTerm) {
+      Sub(w2, a, b, count);
+      ZeroWhereNoMass(w2, a, mask, count);
+      Mul(w2, w1, w2, count);
+      ReduceSum(sc[kTerm], w2, work, valid);
+    }
+    VectorToScalar();
+    const float fA = sc.GetValue(kExp);
+    const float fB = sc.GetValue(kExp + 1);
+    if (withTerm && termB_ != kPosInf) {
+      termB_ = fA * (termB_ - (dA - dB) * sumA_) + sc.GetValue(kTerm);
+    } else if (withTerm) {
+      termB_ = kPosInf + sc.GetValue(kTerm);  // stays +inf (NaN only if a NaN logit made the tile's term NaN)
+    }
+    sumA_ = sumA_ * fA + sc.GetValue(kSumA);
+    sumB_ = sumB_ * fB + sc.GetValue(kSumB);
+  }
+
+  __aicore__ inline void ResetRow() {
+    maxA_ = kNegInf;
+    maxB_ = kNegInf;
+    shiftA_ = 0.0f;
+    shiftB_ = 0.0f;
+    sumA_ = 0.0f;
+    sumB_ = 0.0f;
+    termB_ = 0.0f;
+  }
+
+  // (ln sumA_, ln sumB_) through the vector unit (the scalar unit has no logarithm).
+  __aicore__ inline void LogSums(float* lnA, float* lnB) {
+    LocalTensor<float> sc = scalarBuf_.Get<float>();
+    sc.SetValue(kExp, sumA_);
+    sc.SetValue(kExp + 1, sumB_);
+    ScalarToVector();
+    Ln(sc[kExp], sc[kExp], 8);
+    VectorToScalar();
+    *lnA = sc.GetValue(kExp);
+    *lnB = sc.GetValue(kExp + 1);
+  }
+
+  __aicore__ inline void KlRow(uint64_t row) {
+    ResetRow();
+    const uint64_t tiles = distill_tiling::TileCount(vocab_, tile_);
+    Prefetch(row, 0, tiles);
+    for (uint64_t i = 0; i < tiles; ++i) {
+      Prefetch(row, i + 1, tiles);
+      const uint32_t valid = Valid(i);
+      ScaledTile(distill_tiling::ComputeCount(valid));
+      OnlineTile(valid, distill_tiling::ComputeCount(valid), true);
+    }
+    float lnA = 0.0f, lnB = 0.0f;
+    LogSums(&lnA, &lnB);
+    const float k = termB_ / sumA_ - lnA + lnB;
+    const float lseA = shiftA_ + lnA;
+    const float lseB = shiftB_ + lnB;
+    const bool aIsStudent = kind_ == distill_tiling::kReverseKL;
+    WriteStats(row, tSquared_ * k, aIsStudent ? lseA : lseB, aIsStudent ? lseB : lseA, k, 0.0f);
+  }
+
+  __aicore__ inline void JsdRow(uint64_t row) {
+    // Pass 1: both normalisers. a = teacher, b = student here.
+    ResetRow();
+    const uint64_t tiles = distill_tiling::TileCount(vocab_, tile_);
+    Prefetch(row, 0, tiles);
+    for (uint64_t i = 0; i < tiles; ++i) {
+      Prefetch(row, i + 1, tiles);
+      const uint32_t valid = Valid(i);
+      ScaledTile(distill_tiling::ComputeCount(valid));
+      OnlineTile(valid, distill_tiling::ComputeCount(valid), false);
+    }
+    float lnT = 0.0f, lnS = 0.0f;
+    LogSums(&lnT, &lnS);
+    const float lseT = shiftA_ + lnT;
+    const float lseS = shiftB_ + lnS;
+
+    // Pass 2: K_s = sum P_s (ls - lm), K_t = sum P_t (lt - lm).
+    LocalTensor<float> lt = aBuf_.Get<float>();
+    LocalTensor<float> ls = bBuf_.Get<float>();
+    LocalTensor<float> lm = w1Buf_.Get<float>();
+    LocalTensor<float> w2 = w2Buf_.Get<float>();
+    LocalTensor<float> w3 = w3Buf_.Get<float>();
+    LocalTensor<float> work = workBuf_.Get<float>();
+    LocalTensor<float> sc = scalarBuf_.Get<float>();
+    LocalTensor<uint8_t> mask = maskBuf_.Get<uint8_t>();
+    float ks = 0.0f, kt = 0.0f;
+    Prefetch(row, 0, tiles);
+    for (uint64_t i = 0; i < tiles; ++i) {
+      Prefetch(row, i + 1, tiles);
+      const uint32_t valid = Valid(i);
+      const uint32_t count = distill_tiling::ComputeCount(valid);
+      ScaledTile(count);
+      Adds(lt, lt, -lseT, count);
+      Adds(ls, ls, -lseS, count);
+      LogMixture(lm, ls, lt, w2, w3, logBeta_, log1mBeta_, count);
+      Exp(w2, ls, count);
+      Sub(w3, ls, lm, count);
+      Mul(w3, w2, w3, count);
+      ZeroWhereNoMass(w3, ls, mask, count);
+      ReduceSum(sc[kSumA], w3, work, valid);
+      Exp(w2, lt, count);
+      Sub(w3, lt, lm, count);
+      Mul(w3, w2, w3, count);
+      ZeroWhereNoMass(w3, lt, mask, count);
+      ReduceSum(sc[kSumB], w3, work, valid);
+      VectorToScalar();
+      ks += sc.GetValue(kSumA);
+      kt += sc.GetValue(kSumB);
+    }
+    WriteStats(row, tSquared_ * (beta_ * kt + (1.0f - beta_) * ks), lseS, lseT, ks, kt);
+  }
+
+  __aicore__ inline void WriteStats(uint64_t row, float loss, float lseS, float lseT, float k1, float k2) {
+    LocalTensor<float> st = statBuf_.Get<float>();
+    st.SetValue(distill_tiling::kLoss, loss);
+    st.SetValue(distill_tiling::kLseStudent, lseS);
+    st.SetValue(distill_tiling::kLseTeacher, lseT);
+    st.SetValue(distill_tiling::kK1, k1);
+    st.SetValue(distill_tiling::kK2, k2);
+    for (uint32_t i = distill_tiling::kK2 + 1; i < distill_tiling::kStatsStride; ++i) st.SetValue(i, 0.0f);
+    SetFlag<HardEvent::S_MTE3>(0);
+    WaitFlag<HardEvent::S_MTE3>(0);
+    DataCopy(statsGm_[row * distill_tiling::kStatsStride], st, distill_tiling::kStatsStride);
+    // The next row's SetValue must not overwrite the block before it left.
+    SetFlag<HardEvent::MTE3_S>(0);
+    WaitFlag<HardEvent::MTE3_S>(0);
+  }
+
+  TPipe pipe_;
+  TQue<QuePosition::VECIN, distill_tiling::kBufferNum> aQue_, bQue_;
+  TBuf<TPosition::VECCALC> aBuf_, bBuf_, w1Buf_, w2Buf_, w3Buf_, maskBuf_, workBuf_, scalarBuf_, statBuf_;
+  GlobalTensor<T> aGm_, bGm_;
+  GlobalTensor<float> statsGm_;
+  uint64_t vocab_ = 0, rowStart_ = 0, rowCount_ = 0;
+  uint32_t tile_ = 0, kind_ = 0;
+  float invT_ = 1.0f, tSquared_ = 1.0f, beta_ = 0.0f, logBeta_ = 0.0f, log1mBeta_ = 0.0f;
+  float maxA_ = kNegInf, maxB_ = kNegInf, shiftA_ = 0.0f, shiftB_ = 0.0f, sumA_ = 0.0f, sumB_ = 0.0f, termB_ = 0.0f;
+};
+
+extern "C" __global__ __aicore__ void distill_custom(GM_ADDR student, GM_ADDR teacher, GM_ADDR stats,
+                                                     GM_ADDR workspace, GM_ADDR tiling) {
+  (void)workspace;
+  GET_TILING_DATA(td, tiling);
+  if (TILING_KEY_IS(1)) {
+    DistillForward<DTYPE_STUDENT> op;
+    op.Init(student, teacher, stats, td);
+    op.Process();
+  }
+}

@@ -1,0 +1,122 @@
+// Tiling plan for DistillCustom / DistillCustomGrad (distillation from logits, fused): how the rows are split
+// over the vector cores and how a row's vocabulary is cut into tiles that fit the unified buffer (UB).
+//
+// No CANN dependency, as kl_div_tiling_plan.h: the host tiling function, the kernels (which recompute each core's
+// row range with the same function) and the CPU tests (through tests/distill_tiling_capi.cpp) include it.
+#ifndef DISTILL_ASCEND_TILING_PLAN_H_
+#define DISTILL_ASCEND_TILING_PLAN_H_
+
+#ifndef KLDIV_TILING_FN
+#define KLDIV_TILING_FN inline
+#include <stdint.h>
+#endif
+
+namespace distill_tiling {
+
+// Tiles are multiples of 256 elements: the 1-bit select mask (tile / 8 bytes) is then whole 32 B blocks.
+constexpr uint32_t kTileAlign = 256;
+// A tile of `valid` elements is computed on `valid` rounded up to 64 lanes: one 256 B float32 repeat, the unit
+// CompareScalar works in. The lanes past `valid` are never stored and never reduced.
+constexpr uint32_t kComputeAlign = 64;
+constexpr uint32_t kBufferNum = 2;  // double buffering of every GM<->UB queue
+constexpr uint32_t kMaxTile = 16384;
+// The AscendC library's own temporaries live in the top 8 KiB of the UB (TMP_UB_OFFSET, Atlas A2 and 310P).
+constexpr uint32_t kApiUbReserveBytes = 8192;
+// Our small buffers: scalar exchange (256 B), one stats row (32 B), the row's incoming gradient (32 B) and the
+// fixed part of the reduction work area (256 B).
+constexpr uint32_t kUbReserveBytes = 1024;
+constexpr uint32_t kScalarFloats = 64;
+constexpr uint32_t kReduceWorkFixedFloats = 64;
+// The row-statistics output is float32 [rows, kStatsStride]: one 32 B block per row, so cores never share a block.
+constexpr uint32_t kStatsStride = 8;
+enum StatsColumn : uint32_t { kLoss = 0, kLseStudent = 1, kLseTeacher = 2, kK1 = 3, kK2 = 4 };
+
+// The divergence: beta = 0 forward KL(P_t || P_s), beta = 1 reverse KL(P_s || P_t), else generalized JSD.
+enum Kind : uint32_t { kForwardKL = 0, kReverseKL = 1, kJSD = 2 };
+// Which kernel: the forward (row loss + stats), the backward writing d_student only, or both gradients.
+enum Op : uint32_t { kForward = 0, kBackwardStudent = 1, kBackwardBoth = 2 };
+
+struct Plan {
+  uint64_t rows;
+  uint64_t vocab;
+  uint32_t usedCores;    // blockDim of the launch, >= 1
+  uint32_t tileLength;   // vocabulary elements per full tile, multiple of kTileAlign
+  uint64_t baseRows;     // rows per core ...
+  uint32_t remRows;      // ... plus one for cores [0, remRows)
+  uint32_t ubBytesUsed;  // UB the kernel allocates at most for this plan, all of it below ub - kApiUbReserveBytes
+};
+
+KLDIV_TILING_FN uint32_t KindOfBeta(float beta) {
+  return beta == 0.0f ? kForwardKL : (beta == 1.0f ? kReverseKL : kJSD);
+}
+
+// Single float32 work tiles the kernels allocate: the two scaled logit rows plus two (KL) or three (JSD: the
+// log-mixture needs one more) temporaries.
+KLDIV_TILING_FN uint32_t WorkBuffers(uint32_t kind) { return kind == kJSD ? 5 : 4; }
+
+// GM<->UB queues (each kBufferNum deep, IO dtype): both logit rows in; the gradients out.
+KLDIV_TILING_FN uint32_t Queues(uint32_t op) { return op == kForward ? 2 : (op == kBackwardStudent ? 3 : 4); }
+
+// UB bits one vocabulary element of a tile costs (io = 2 for float16/bfloat16, 4 for float32).
+KLDIV_TILING_FN uint32_t BitsPerElement(uint32_t op, uint32_t kind, uint32_t io) {
+  const uint32_t bytes = kBufferNum * Queues(op) * io + WorkBuffers(kind) * 4;
+  // + 1 bit of select mask; the forward's reductions (ReduceMax keeps value and index per 64-lane repeat) need
+  // two floats per 64 elements: 1 more bit per element.
+  return bytes * 8 + 1 + (op == kForward ? 1 : 0);
+}
+
+// Largest tile (multiple of kTileAlign, <= kMaxTile, no longer than the row needs) whose buffers fit in
+// ubBytes less both reserves; 0 if even one does not.
+KLDIV_TILING_FN uint32_t TileLength(uint32_t op, uint32_t kind, uint32_t io, uint32_t ubBytes, uint64_t vocab) {
+  if (ubBytes <= kApiUbReserveBytes + kUbReserveBytes) return 0;
+  const uint64_t budgetBits = static_cast<uint64_t>(ubBytes - kApiUbReserveBytes - kUbReserveBytes) * 8;
+  uint64_t tile = budgetBits / BitsPerElement(op, kind, io);
+  tile -= tile % kTileAlign;
+  if (tile > kMaxTile) tile = kMaxTile;
+  // A short row does not need a long tile: the smallest aligned tile that holds it.
+  const uint64_t need = (vocab + kTileAlign - 1) / kTileAlign * kTileAlign;
+  if (need > 0 && need < tile) tile = need;
+  return static_cast<uint32_t>(tile);
+}
+
+// UB the kernel's InitBuffer calls add up to, at most, for a tile length (each buffer rounded up to 32 B).
+KLDIV_TILING_FN uint32_t UbBytesUsed(uint32_t op, uint32_t kind, uint32_t io, uint32_t tile) {
+  return static_cast<uint32_t>((static_cast<uint64_t>(tile) * BitsPerElement(op, kind, io) + 7) / 8) +
+         kUbReserveBytes;
+}
+
+// Fills *plan; false when the inputs cannot be tiled (unknown dtype size, UB too small, no cores, bad op/kind).
+KLDIV_TILING_FN bool MakePlan(uint64_t rows, uint64_t vocab, uint32_t io, uint32_t op, uint32_t kind,
+                              uint32_t coreCount, uint32_t ubBytes, Plan* plan) {
+  if ((io != 2 && io != 4) || op > kBackwardBoth || kind > kJSD || coreCount == 0) return false;
+  const uint32_t tile = TileLength(op, kind, io, ubBytes, vocab);
+  if (tile == 0) return false;
+  uint64_t cores = rows < coreCount ? rows : coreCount;
+  if (cores == 0) cores = 1;  // no rows: one core starts and does nothing (the Python layer never launches it)
+  plan->rows = rows;
+  plan->vocab = vocab;
+  plan->usedCores = static_cast<uint32_t>(cores);
+  plan->tileLength = tile;
+  plan->baseRows = rows / cores;
+  plan->remRows = static_cast<uint32_t>(rows % cores);
+  plan->ubBytesUsed = UbBytesUsed(op, kind, io, tile);
+  return true;
+}
+
+// Rows [*start, *start + *len) of core `core`: cores before remRows take one extra row.
+KLDIV_TILING_FN void RowRange(uint64_t baseRows, uint32_t remRows, uint32_t core, uint64_t* start, uint64_t* len) {
+  const uint64_t extra = core < remRows ? core : remRows;
+  *start = static_cast<uint64_t>(core) * baseRows + extra;
+  *len = baseRows + (core < remRows ? 1 : 0);
+}
+
+// Tiles of one row; the last one holds vocab - (tiles - 1) * tile elements.
+KLDIV_TILING_FN uint64_t TileCount(uint64_t vocab, uint32_t tile) { return (vocab + tile - 1) / tile; }
+
+KLDIV_TILING_FN uint32_t ComputeCount(uint32_t valid) {
+  return (valid + kComputeAlign - 1) / kComputeAlign * kComputeAlign;
+}
+
+}  // namespace distill_tiling
+
+#endif  // DISTILL_ASCEND_TILING_PLAN_H_
