@@ -36,16 +36,15 @@ def build(dtype):
     cxx = compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler (g++ or $CXX) on PATH")
-    digest = hashlib.sha1(dtype.encode())
+    digest = hashlib.sha1(" ".join([dtype] + _km.SIM_FLAGS).encode())
     for path in _DEPS:
         with open(path, "rb") as f:
             digest.update(f.read())
     out = os.path.join(_km._cache_dir(), f"distill_ascendc_sim_{dtype}-{digest.hexdigest()[:12]}.so")
     if not os.path.exists(out):
         tmp = out + f".{os.getpid()}.tmp"
-        cmd = [cxx, "-std=c++20", "-O2", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-I", SIM_DIR,
-               f"-DDTYPE_STUDENT={_TYPES[dtype]}", os.path.join(SIM_DIR, "distill_sim_driver.cpp"), "-o", tmp,
-               "-pthread"]
+        cmd = [cxx] + _km.SIM_FLAGS + ["-I", SIM_DIR, f"-DDTYPE_STUDENT={_TYPES[dtype]}",
+                                       os.path.join(SIM_DIR, "distill_sim_driver.cpp"), "-o", tmp]
         res = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if res.returncode:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{res.stderr}")

@@ -296,6 +296,10 @@ _SIM_DEPS = [os.path.join(SIM_DIR, f) for f in ("sim_driver.cpp", "kernel_operat
     + [os.path.join(HERE, "..", "op_kernel", f) for f in ("kl_div_custom.cpp", "kl_div_custom_grad.cpp",
                                                           "kl_div_common.h", "kl_div_tiling_plan.h")] \
     + [os.path.join(HERE, "..", "op_host", "kl_div_custom_tiling.h")]
+# Each stand-in library keeps its own copy of the stand-in's globals (inline variables such as AscendC::g_core):
+# g++ would make them STB_GNU_UNIQUE, which the loader shares between the KLDiv and distillation libraries.
+SIM_FLAGS = ["-std=c++20", "-O2", "-shared", "-fPIC", "-fno-gnu-unique", "-Wl,-Bsymbolic", "-Wall", "-Wextra",
+             "-Werror", "-pthread"]
 _SIM_TYPES = {"float32": ("float", np.float32), "float16": ("half", np.float16), "bfloat16": ("bfloat16_t", np.uint16)}
 
 
@@ -304,15 +308,15 @@ def build_simulator(dtype):
     cxx = compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler (g++ or $CXX) on PATH")
-    digest = hashlib.sha1(dtype.encode())
+    digest = hashlib.sha1(" ".join([dtype] + SIM_FLAGS).encode())
     for path in _SIM_DEPS:
         with open(path, "rb") as f:
             digest.update(f.read())
     out = os.path.join(_cache_dir(), f"kldiv_ascendc_sim_{dtype}-{digest.hexdigest()[:12]}.so")
     if not os.path.exists(out):
         tmp = out + f".{os.getpid()}.tmp"
-        cmd = [cxx, "-std=c++20", "-O2", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-I", SIM_DIR,
-               f"-DDTYPE_X={_SIM_TYPES[dtype][0]}", os.path.join(SIM_DIR, "sim_driver.cpp"), "-o", tmp, "-pthread"]
+        cmd = [cxx] + SIM_FLAGS + ["-I", SIM_DIR, f"-DDTYPE_X={_SIM_TYPES[dtype][0]}",
+                                   os.path.join(SIM_DIR, "sim_driver.cpp"), "-o", tmp]
         res = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if res.returncode:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{res.stderr}")
