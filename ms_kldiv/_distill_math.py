@@ -43,13 +43,21 @@ def _pointwise_kl(log_q, log_p):
     return kl_div(log_q, log_p, reduction="none", log_target=True)
 
 
-def loss_and_grads(student, teacher, temperature, beta, keep, want_teacher):
+def _log_softmax_plain(z):
+    # Plain ops, differentiable to any order (MindSpore's LogSoftmaxGrad has no bprop); the shift is a constant.
+    shifted = z - ops.stop_gradient(ops.amax(z, -1, True))
+    return shifted - ops.log(ops.sum(ops.exp(shifted), -1, keepdim=True))
+
+
+def loss_and_grads(student, teacher, temperature, beta, keep, want_teacher, differentiable=False):
     """(T^2 * sum over kept rows of D_beta, d/d student, d/d teacher or None) for 2-D logits [R, V] in one float
-    dtype; ``keep`` is a [R] bool mask of counted rows."""
+    dtype; ``keep`` is a [R] bool mask of counted rows. ``differentiable``: the gradients will be differentiated
+    again (the fused kernels' second order), so the log-softmax is written in plain ops."""
     inv_t, t_lin, t_sq, w_t, w_s, log_w_t, log_w_s = [ops.cast(v, student.dtype)
                                                        for v in _constants(temperature, beta)]
-    log_ps = ops.log_softmax(student * inv_t, -1)
-    log_pt = ops.log_softmax(teacher * inv_t, -1)
+    log_softmax = _log_softmax_plain if differentiable else (lambda z: ops.log_softmax(z, -1))
+    log_ps = log_softmax(student * inv_t)
+    log_pt = log_softmax(teacher * inv_t)
     ps, pt = ops.exp(log_ps), ops.exp(log_pt)
     rows = ops.expand_dims(ops.cast(keep, student.dtype), -1)
     if beta == 0:

@@ -6,6 +6,7 @@ accurately than ``log_softmax`` gives it (and in float16, probabilities below 6e
 which divides by the number of classes as well as the batch; and with MindSpore's ``ops.kl_div`` the teacher
 gets no gradient, which silently breaks trainable teachers and mutual learning.
 """
+import functools
 import math
 
 import mindspore as ms
@@ -13,6 +14,7 @@ from mindspore import nn, ops
 from mindspore.ops import constexpr
 
 from . import _validation
+from .backends import _device_target_const, compiled
 from .functional import kl_div
 
 _NAME = "distillation_loss"
@@ -111,7 +113,68 @@ def _divergence(log_p_student, log_p_teacher, beta, reduction, backend):
                                                         backend=backend))
 
 
+@functools.lru_cache(maxsize=None)
+def _fused_rows(backend, device, temperature, beta, graph):
+    """The fused kernels' per-row loss op for these settings, or None where the composition runs instead (backends
+    other than 'auto'/'aot', devices without the kernels, a library without them)."""
+    if backend not in ("auto", "aot"):
+        return None
+    from .backends import distill
+    if device == "CPU":
+        kernels = distill.cpu_kernels()
+    elif device == "Ascend":
+        from .backends import ascend
+        kernels = ascend.AscendCDistillKernels() if ascend.distill_ops_installed() else None
+    else:
+        kernels = None
+    return None if kernels is None else distill.rows_op(kernels, temperature, beta, split=graph)
+
+
+def _takes_fused(student_logits, teacher_logits, reduction, dtype):
+    # The kernels take one shape [..., V] of one half/float32 dtype with V >= 1 and some rows; 'none' needs the
+    # pointwise [..., V] terms, which the composition gives.
+    shape = student_logits.shape
+    return (reduction != "none" and shape == teacher_logits.shape and dtype != ms.float64 and None not in shape[-1:]
+            and 0 not in shape and -1 not in shape[-1:])
+
+
+def _reduce_rows(rows, student_logits, reduction, labels, ignore_index):
+    """The reduction of the per-row losses (float32), with ignored rows out of the sums and the denominators."""
+    vocab = student_logits.shape[-1]
+    if labels is not None:
+        keep = labels != ignore_index
+        loss = ops.sum(ops.where(keep, rows, 0.0))
+        if reduction == "sum":
+            return loss
+        counted = ops.sum(ops.cast(keep, ms.float32))
+        if reduction == "mean":
+            counted = counted * vocab
+        return loss / ops.maximum(counted, 1.0)
+    loss = ops.sum(rows)
+    if reduction == "sum" or (reduction == "batchmean" and student_logits.ndim == 1):
+        return loss
+    if reduction == "batchmean":
+        return loss / ops.reshape(ops.cast(ops.dyn_shape(student_logits)[:1], ms.float32), ())
+    return loss / ops.cast(ops.prod(ops.cast(ops.dyn_shape(student_logits), ms.float64)), ms.float32)
+
+
 def _distill(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend, dtype):
+    if _takes_fused(student_logits, teacher_logits, reduction, dtype):
+        rows_op = _fused_rows(backend, _device_target_const(), temperature, beta, compiled(student_logits))
+        if rows_op is not None:
+            if student_logits.dtype != dtype:
+                student_logits = ops.cast(student_logits, dtype)
+            if teacher_logits.dtype != dtype:
+                teacher_logits = ops.cast(teacher_logits, dtype)
+            loss = _reduce_rows(rows_op(student_logits, teacher_logits), student_logits, reduction, labels,
+                                ignore_index)
+            return loss if dtype == ms.float32 else ops.cast(loss, dtype)
+    return _compose(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend,
+                    dtype)
+
+
+def _compose(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend, dtype):
+    """Two log-softmaxes and kl_div: every shape, dtype, reduction and device."""
     # Half types: softmax in float16 loses most of the tail mass the student learns from, so compute in float32
     # (kl_div widens half types internally anyway) and cast the result back.
     compute_dtype = ms.float32 if dtype in _validation.HALF_DTYPES else dtype

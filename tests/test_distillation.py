@@ -123,12 +123,16 @@ def test_under_ms_jit(reduction):
 
 
 def test_matches_definition_with_kl_div(mode):
-    """T^2 * kl_div(log_softmax(s/T), log_softmax(t/T), log_target=True): the documented identity."""
+    """T^2 * kl_div(log_softmax(s/T), log_softmax(t/T), log_target=True): the documented identity. The fused
+    kernel (CPU 'auto') is the more accurate side: float32 log_softmax at T = 3 costs the composition ~2e-5."""
     rng = np.random.default_rng(11)
-    s, t = ms.Tensor(_logits(rng, (3, 4))), ms.Tensor(_logits(rng, (3, 4)))
+    s_np, t_np = _logits(rng, (3, 4)), _logits(rng, (3, 4))
+    s, t = ms.Tensor(s_np), ms.Tensor(t_np)
     a = ms_kldiv.distillation_loss(s, t, 3.0)
     b = 9.0 * ms_kldiv.kl_div(ops.log_softmax(s / 3.0, -1), ops.log_softmax(t / 3.0, -1), "batchmean", True)
-    np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-6)
+    exact = reference.distillation_loss(s_np, t_np, 3.0, "batchmean")
+    np.testing.assert_allclose(a.asnumpy(), exact, rtol=1e-6)
+    np.testing.assert_allclose(b.asnumpy(), exact, rtol=5e-5)
 
 
 def test_large_logits_are_stable(mode):

@@ -27,7 +27,7 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from .. import _math
-from . import register
+from . import distill, register
 from .base import Backend
 from .common import KLDivWrapper, PointwiseCore, custom_reg_info
 from .composite import composite_op
@@ -383,107 +383,6 @@ class AscendCDistillKernels:
         return _DistillKernelBackward(temperature, beta, teacher_grad)
 
 
-# Picked in __init__: (d_student, d_teacher) from what the backward core returns.
-def _both_grads(teacher, grads):  # pylint: disable=unused-argument
-    return grads
-
-
-def _student_grad_only(teacher, d_student):
-    # A constant of the teacher's shape: a frozen teacher gets zeros and costs no kernel work.
-    return d_student, ops.zeros(teacher.shape, teacher.dtype)
-
-
-class _DistillGradPairing(nn.Cell):
-    """sum(cs * d_student) + sum(ct * d_teacher) for d_* the gradients of sum_rows g * loss_row, in plain MindSpore
-    ops (ms_kldiv._distill_math's closed forms, float32): differentiating it gives the backward kernel's own
-    gradient, with the saved stats taken as the functions of the logits they are."""
-
-    def __init__(self, temperature, beta, teacher_grad):
-        super().__init__()
-        from .. import _distill_math  # lazily: it imports the functional API, which imports the backends
-        self.loss_and_grads = _distill_math.loss_and_grads
-        self.temperature = temperature
-        self.beta = beta
-        self.teacher_grad = teacher_grad
-
-    def construct(self, student, teacher, g, cs, ct):
-        f32 = ms.float32
-        vocab = student.shape[-1]
-        s2 = ops.reshape(ops.cast(student, f32), (-1, vocab))
-        t2 = ops.reshape(ops.cast(teacher, f32), (-1, vocab))
-        w = ops.reshape(ops.cast(g, f32), (-1, 1))
-        keep = ops.ones((s2.shape[0],), ms.bool_)
-        _, ds, dt = self.loss_and_grads(s2, t2, self.temperature, self.beta, keep, self.teacher_grad)
-        total = (ops.reshape(ops.cast(cs, f32), (-1, vocab)) * w * ds).sum()
-        if self.teacher_grad:
-            total = total + (ops.reshape(ops.cast(ct, f32), (-1, vocab)) * w * dt).sum()
-        return total
-
-
-class _DistillGradCore(nn.Cell):
-    """The backward kernel (both gradients), differentiable once more through _DistillGradPairing (second order).
-    The stats input gets a zero gradient: its dependence on the logits is inside the pairing's derivative."""
-
-    def __init__(self, kernels, temperature, beta):
-        super().__init__()
-        self.kernel = kernels.backward(temperature, beta, True)
-        self.pairing_grad = ops.GradOperation(get_all=True)(_DistillGradPairing(temperature, beta, True))
-
-    def construct(self, student, teacher, stats, dloss):
-        return self.kernel(student, teacher, stats, dloss)
-
-    def bprop(self, student, teacher, stats, dloss, out, dout):
-        cs, ct = dout
-        gs, gt, gg, _, _ = self.pairing_grad(student, teacher, dloss, cs, ct)
-        return gs, gt, ops.zeros(stats.shape, stats.dtype), gg
-
-
-class _DistillStudentGradCore(nn.Cell):
-    """The backward kernel without teacher work: d_student only (the kernel's placeholder output is dropped here,
-    inside a Cell with its own bprop, so autodiff never builds a cotangent for it)."""
-
-    def __init__(self, kernels, temperature, beta):
-        super().__init__()
-        self.kernel = kernels.backward(temperature, beta, False)
-        self.pairing_grad = ops.GradOperation(get_all=True)(_DistillGradPairing(temperature, beta, False))
-
-    def construct(self, student, teacher, stats, dloss):
-        return self.kernel(student, teacher, stats, dloss)[0]
-
-    def bprop(self, student, teacher, stats, dloss, out, dout):
-        gs, gt, gg, _, _ = self.pairing_grad(student, teacher, dloss, dout, dout)
-        return gs, gt, ops.zeros(stats.shape, stats.dtype), gg
-
-
-class _DistillStatsCore(nn.Cell):
-    """The forward kernel (its output: the stats) with the backward kernel as its gradient. Only the loss column
-    of the stats carries a gradient; the other columns are saved values."""
-
-    def __init__(self, kernels, temperature, beta, teacher_grad):
-        super().__init__()
-        self.kernel = kernels.forward(temperature, beta)
-        if teacher_grad:
-            self.grad, self.split = _DistillGradCore(kernels, temperature, beta), _both_grads
-        else:
-            self.grad, self.split = _DistillStudentGradCore(kernels, temperature, beta), _student_grad_only
-
-    def construct(self, student, teacher):
-        return self.kernel(student, teacher)
-
-    def bprop(self, student, teacher, out, dout):
-        dloss = ops.cast(dout[..., 0], ms.float32)
-        return self.split(teacher, self.grad(student, teacher, out, dloss))
-
-
-class _DistillRows(nn.Cell):
-    def __init__(self, core):
-        super().__init__()
-        self.core = core
-
-    def construct(self, student, teacher):
-        return self.core(student, teacher)[..., 0]
-
-
 def distill_rows_op(temperature=1.0, beta=0.0, teacher_grad=True, kernels=None):
     """Cell (student, teacher) -> float32 per-row distillation loss [...] on the AscendC kernels, differentiable
     for both logits (one backward launch writes both gradients; with ``teacher_grad=False`` the teacher gets
@@ -495,7 +394,7 @@ def distill_rows_op(temperature=1.0, beta=0.0, teacher_grad=True, kernels=None):
     gradients of ``ms_kldiv._distill_math``, differentiated). The caller routes what the kernels do not take:
     float64 logits (no float64 on the vector units), V == 0 or no rows, shapes that differ (broadcasting), and a
     package without the distillation operators (``distill_ops_installed()``)."""
-    return _DistillRows(_DistillStatsCore(kernels or AscendCDistillKernels(), temperature, beta, teacher_grad))
+    return distill.rows_op(kernels or AscendCDistillKernels(), temperature, beta, teacher_grad)
 
 
 # ------------------------------------------------------------------------------------------- backends

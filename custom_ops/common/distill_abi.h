@@ -1,0 +1,53 @@
+// The exported ABI of the fused distillation kernels (in the same libraries as the KLDiv ABI, kldiv_abi.h),
+// called by ms_kldiv/backends/distill.py through ops.Custom(func_type="aot"). Math: distill_math.h.
+//
+// Logits s (student) and t (teacher): one shape [..., V] (rank >= 1; rows = product of the leading dims), one
+// dtype D in {"float32", "float16", "bfloat16"} (float64 goes to the composite path); hyper: float64 [2] =
+// (temperature, beta). Statistics: float32 [..., 8] (distill::Stat: row loss T^2 D, lse of the student's and the
+// teacher's scaled logits, sum(a), sum(b), 3 unused).
+//   DistillFwd         nparam 4: s, t, hyper, stats (out)
+//   DistillBwd         nparam 7: s, t, hyper, stats, dloss (float32 [...]), d_student (out, D), d_teacher (out, D)
+//   DistillBwdStudent  nparam 6: s, t, hyper, stats, dloss, d_student (out)  } compiled code uses these two, so
+//   DistillBwdTeacher  nparam 6: s, t, hyper, stats, dloss, d_teacher (out)  } a frozen teacher's op is dropped
+// The gradients are those of sum_rows dloss[row] * loss[row]; a row with dloss == 0 (an ignored token) gets exact
+// zeros without its logits being read. Return value 0, or 1 for a layout Python already excludes.
+#pragma once
+
+#include <stdint.h>
+
+#include <vector>
+
+#include "kldiv_abi.h"
+#include "distill_math.h"
+
+#define DISTILL_DECLARE_KERNEL(Fn) KLDIV_DECLARE_KERNEL(Fn)
+
+namespace distill {
+// [..., V] -> [..., kStats]; a dynamic rank stays dynamic.
+inline std::vector<int64_t> stats_shape(const int *ndims, int64_t *const *shapes) {
+  if (ndims[0] < 1 || shapes[0][0] == -2) return {-2};
+  std::vector<int64_t> out(shapes[0], shapes[0] + ndims[0]);
+  out.back() = kStats;
+  return out;
+}
+}  // namespace distill
+
+// C++ shape inference of the three kernels (dynamic row counts under Cell.set_inputs need it).
+#define DISTILL_DEFINE_INFER_SHAPES                                                                       \
+  KLDIV_DECLARE_FWD_INFER(DistillFwd) {                                                                   \
+    (void)extra;                                                                                          \
+    return distill::stats_shape(ndims, shapes);                                                           \
+  }                                                                                                       \
+  KLDIV_DECLARE_BWD_INFER(DistillBwd) {                                                                   \
+    (void)extra;                                                                                          \
+    return {std::vector<int64_t>(shapes[0], shapes[0] + ndims[0]),                                        \
+            std::vector<int64_t>(shapes[1], shapes[1] + ndims[1])};                                       \
+  }                                                                                                       \
+  KLDIV_DECLARE_FWD_INFER(DistillBwdStudent) {                                                            \
+    (void)extra;                                                                                          \
+    return std::vector<int64_t>(shapes[0], shapes[0] + ndims[0]);                                         \
+  }                                                                                                       \
+  KLDIV_DECLARE_FWD_INFER(DistillBwdTeacher) {                                                            \
+    (void)extra;                                                                                          \
+    return std::vector<int64_t>(shapes[1], shapes[1] + ndims[1]);                                         \
+  }

@@ -1,0 +1,94 @@
+// Distillation from logits, declared once: the per-row statistics of the fused kernels and the two gradients.
+//
+// Rows of student logits s and teacher logits t over V classes, temperature T, x = s / T, y = t / T,
+// log P_s = x - lse(x), log P_t = y - lse(y). The row loss is T^2 * D with
+//   beta = 0:      D = KL(P_t || P_s)          = sum_j P_t,j (log P_t,j - log P_s,j)
+//   beta = 1:      D = KL(P_s || P_t)
+//   0 < beta < 1:  D = beta KL(P_t || M) + (1 - beta) KL(P_s || M),   M = beta P_t + (1 - beta) P_s
+// (ms_kldiv/reference.py `distillation_pointwise` is the float64 twin; ms_kldiv/_distill_math.py the same closed
+// forms in MindSpore ops). With a_j = (1 - beta) P_s,j (log P_s,j - log M_j), b_j = beta P_t,j (log P_t,j - log M_j)
+// (beta = 0: a_j = -P_t,j; beta = 1: b_j = -P_s,j), the gradients of T^2 D are
+//   d/ds_j = T (a_j - P_s,j sum(a)),   d/dt_j = T (b_j - P_t,j sum(b)),
+// i.e. beta = 0: d/ds_j = T (P_s,j - P_t,j), d/dt_j = T P_t,j (log P_t,j - log P_s,j - D);
+//      beta = 1: d/ds_j = T P_s,j (log P_s,j - log P_t,j - D), d/dt_j = T (P_t,j - P_s,j).
+// A class with P = 0 (a -inf logit: a padded vocabulary entry) contributes exactly 0 to every sum and gradient
+// term it weights; a class the student rules out while the teacher does not gives +inf under forward KL.
+//
+// Saved per row (the forward's output, what the backward reads): the row loss, lse(x), lse(y), sum(a), sum(b).
+// The forward KL / reverse KL value needs ONE read of each row: online softmax over blocks (running max and
+// sum of exponentials of both rows, and the running weighted difference), rescaled when a maximum grows.
+// The generalized JSD needs both normalizers before log M, so its forward reads each row twice.
+#pragma once
+
+#if defined(__CUDACC__)
+#define DISTILL_HD __host__ __device__ __forceinline__
+#else
+#define DISTILL_HD static inline __attribute__((always_inline))
+#endif
+
+#include <math.h>
+
+namespace distill {
+
+// Columns of the saved statistics (float32, [rows, kStats]); the AscendC kernel uses the same width.
+enum Stat : int { kLoss = 0, kLseStudent = 1, kLseTeacher = 2, kSumA = 3, kSumB = 4, kStats = 8 };
+
+// Running log-sum-exp state of one row: max m and sum of exp(v - m). Empty: m = -inf, z = 0.
+struct Online {
+  double m, z;
+};
+
+DISTILL_HD Online online_empty() { return Online{-INFINITY, 0.0}; }
+
+// Exponent base that is never -inf (a row masked so far has z = 0 and every exp(v - base) = 0 anyway).
+DISTILL_HD double safe_base(double m) { return m == -INFINITY ? 0.0 : m; }
+
+// Moves state `o` to the new maximum `m_new` (>= o.m); returns the factor the sums were scaled by.
+DISTILL_HD double online_rescale(Online *o, double m_new) {
+  if (!(m_new > o->m)) return 1.0;  // unchanged (or NaN: the NaN reaches the sums through exp)
+  const double f = o->m == -INFINITY ? 0.0 : exp(o->m - m_new);
+  o->z *= f;
+  o->m = m_new;
+  return f;
+}
+
+DISTILL_HD double online_lse(Online o) { return o.m + log(o.z); }
+
+// Forward KL / reverse KL of one row from its single-pass sums: P = softmax(p) weights the difference
+// (teacher for beta = 0, student for beta = 1), Q is the other distribution, w = sum_j exp(p_j - m_p) (p_j - q_j).
+DISTILL_HD double kl_from_sums(Online p, Online q, double w) { return w / p.z - online_lse(p) + online_lse(q); }
+
+// The JSD terms a_j, b_j of one class from the two log-probabilities (C: float or double).
+template <typename C>
+DISTILL_HD void jsd_terms(C log_ps, C log_pt, C log_beta, C log_1m_beta, C beta, C *a, C *b) {
+  const C ps = exp(log_ps), pt = exp(log_pt);
+  const C u = log_pt + log_beta, v = log_ps + log_1m_beta;
+  const C hi = u > v ? u : v;
+  const C log_m = (ps == 0 && pt == 0) ? C(0) : hi + log(exp(u - hi) + exp(v - hi));
+  *a = ps > 0 ? (C(1) - beta) * ps * (log_ps - log_m) : C(0);
+  *b = pt > 0 ? beta * pt * (log_pt - log_m) : C(0);
+}
+
+// The gradients of one class, scaled by g_t = (incoming gradient of the row loss) * T.
+template <typename C>
+DISTILL_HD void grads(int kind, C log_ps, C log_pt, C sum_a, C sum_b, C log_beta, C log_1m_beta, C beta, C g_t,
+                      C *ds, C *dt) {
+  const C ps = exp(log_ps), pt = exp(log_pt);
+  if (kind == 0) {  // forward KL: sum_b = D
+    *ds = g_t * (ps - pt);
+    *dt = pt > 0 ? g_t * pt * (log_pt - log_ps - sum_b) : C(0);
+  } else if (kind == 1) {  // reverse KL: sum_a = D
+    *ds = ps > 0 ? g_t * ps * (log_ps - log_pt - sum_a) : C(0);
+    *dt = g_t * (pt - ps);
+  } else {
+    C a, b;
+    jsd_terms(log_ps, log_pt, log_beta, log_1m_beta, beta, &a, &b);
+    *ds = g_t * (a - ps * sum_a);
+    *dt = g_t * (b - pt * sum_b);
+  }
+}
+
+// 0: forward KL, 1: reverse KL, 2: generalized JSD.
+DISTILL_HD int kind_of(double beta) { return beta == 0.0 ? 0 : beta == 1.0 ? 1 : 2; }
+
+}  // namespace distill

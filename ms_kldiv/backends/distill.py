@@ -1,0 +1,239 @@
+"""The fused distillation op on top of a pair of kernels, for any device: the autodiff around them is written once.
+
+A *kernels* object (the CPU library's ``CpuDistillKernels`` below, ``ascend.AscendCDistillKernels`` on Ascend)
+provides two Cell factories with this contract, for student and teacher logits of one shape [..., V] and one dtype
+(float32, float16 or bfloat16; V >= 1):
+
+- ``forward(temperature, beta)(s, t)`` -> float32 statistics [..., 8]; column 0 is each row's loss (T^2 times the
+  divergence of ``beta``), the rest is what the backward reads (custom_ops/common/distill_math.h);
+- ``backward(temperature, beta, teacher_grad)(s, t, stats, dloss)`` -> (d_student, d_teacher) for the float32
+  incoming gradient ``dloss`` [...] of the row losses; rows with ``dloss == 0`` get exact zeros; d_teacher is a
+  one-element placeholder when ``teacher_grad`` is False.
+
+``rows_op`` makes the differentiable per-row loss from them; ``ms_kldiv.distillation`` applies ignored rows and
+the reduction (O(rows) work). Second order goes through plain MindSpore ops: the closed-form gradients of
+``ms_kldiv._distill_math``, differentiated.
+"""
+import ctypes
+
+import mindspore as ms
+from mindspore import nn, ops
+
+from .. import _build
+from .common import custom_reg_info
+
+STATS = 8  # columns of the statistics (distill::kStats)
+
+
+# Picked in __init__: (d_student, d_teacher) from what the backward core returns.
+def _both_grads(teacher, grads):  # pylint: disable=unused-argument
+    return grads
+
+
+def _student_grad_only(teacher, d_student):
+    # A constant of the teacher's shape: a frozen teacher gets zeros and costs no kernel work.
+    return d_student, ops.zeros(teacher.shape, teacher.dtype)
+
+
+class _DistillGradPairing(nn.Cell):
+    """sum(cs * d_student) + sum(ct * d_teacher) (each term only when ``student`` / ``teacher``) for d_* the
+    gradients of sum_rows g * loss_row, in plain MindSpore ops (ms_kldiv._distill_math's closed forms, float32):
+    differentiating it gives the backward kernel's own gradient, with the saved stats taken as the functions of the
+    logits they are."""
+
+    def __init__(self, temperature, beta, student=True, teacher=True):
+        super().__init__()
+        from .. import _distill_math  # lazily: it imports the functional API, which imports the backends
+        self.loss_and_grads = _distill_math.loss_and_grads
+        self.temperature = temperature
+        self.beta = beta
+        self.student = student
+        self.teacher = teacher
+
+    def construct(self, student, teacher, g, cs, ct):
+        f32 = ms.float32
+        vocab = student.shape[-1]
+        s2 = ops.reshape(ops.cast(student, f32), (-1, vocab))
+        t2 = ops.reshape(ops.cast(teacher, f32), (-1, vocab))
+        w = ops.reshape(ops.cast(g, f32), (-1, 1))
+        keep = ops.ones((s2.shape[0],), ms.bool_)
+        _, ds, dt = self.loss_and_grads(s2, t2, self.temperature, self.beta, keep, self.teacher, True)
+        total = ops.zeros((), f32)
+        if self.student:
+            total = total + (ops.reshape(ops.cast(cs, f32), (-1, vocab)) * w * ds).sum()
+        if self.teacher:
+            total = total + (ops.reshape(ops.cast(ct, f32), (-1, vocab)) * w * dt).sum()
+        return total
+
+
+class _DistillGradCore(nn.Cell):
+    """The backward kernel (both gradients), differentiable once more through _DistillGradPairing (second order).
+    The stats input gets a zero gradient: its dependence on the logits is inside the pairing's derivative."""
+
+    def __init__(self, kernels, temperature, beta):
+        super().__init__()
+        self.kernel = kernels.backward(temperature, beta, True)
+        self.pairing_grad = ops.GradOperation(get_all=True)(_DistillGradPairing(temperature, beta))
+
+    def construct(self, student, teacher, stats, dloss):
+        return self.kernel(student, teacher, stats, dloss)
+
+    def bprop(self, student, teacher, stats, dloss, out, dout):
+        cs, ct = dout
+        gs, gt, gg, _, _ = self.pairing_grad(student, teacher, dloss, cs, ct)
+        return gs, gt, ops.zeros(stats.shape, stats.dtype), gg
+
+
+class _DistillStudentGradCore(nn.Cell):
+    """The backward kernel without teacher work: d_student only (the kernel's placeholder output is dropped here,
+    inside a Cell with its own bprop, so autodiff never builds a cotangent for it)."""
+
+    def __init__(self, kernels, temperature, beta):
+        super().__init__()
+        self.kernel = kernels.backward(temperature, beta, False)
+        self.pairing_grad = ops.GradOperation(get_all=True)(_DistillGradPairing(temperature, beta, teacher=False))
+
+    def construct(self, student, teacher, stats, dloss):
+        return self.kernel(student, teacher, stats, dloss)[0]
+
+    def bprop(self, student, teacher, stats, dloss, out, dout):
+        gs, gt, gg, _, _ = self.pairing_grad(student, teacher, dloss, dout, dout)
+        return gs, gt, ops.zeros(stats.shape, stats.dtype), gg
+
+
+class _DistillTeacherGradCore(nn.Cell):
+    """The backward kernel for d_teacher alone (compiled code with the student's op separate: an unused one is
+    dropped)."""
+
+    def __init__(self, kernels, temperature, beta):
+        super().__init__()
+        self.kernel = kernels.backward_teacher(temperature, beta)
+        self.pairing_grad = ops.GradOperation(get_all=True)(_DistillGradPairing(temperature, beta, student=False))
+
+    def construct(self, student, teacher, stats, dloss):
+        return self.kernel(student, teacher, stats, dloss)
+
+    def bprop(self, student, teacher, stats, dloss, out, dout):
+        gs, gt, gg, _, _ = self.pairing_grad(student, teacher, dloss, dout, dout)
+        return gs, gt, ops.zeros(stats.shape, stats.dtype), gg
+
+
+class _DistillStatsCore(nn.Cell):
+    """The forward kernel (its output: the stats) with the backward kernel as its gradient. Only the loss column
+    of the stats carries a gradient; the other columns are saved values."""
+
+    def __init__(self, kernels, temperature, beta, teacher_grad):
+        super().__init__()
+        self.kernel = kernels.forward(temperature, beta)
+        if teacher_grad:
+            self.grad, self.split = _DistillGradCore(kernels, temperature, beta), _both_grads
+        else:
+            self.grad, self.split = _DistillStudentGradCore(kernels, temperature, beta), _student_grad_only
+
+    def construct(self, student, teacher):
+        return self.kernel(student, teacher)
+
+    def bprop(self, student, teacher, out, dout):
+        dloss = ops.cast(dout[..., 0], ms.float32)
+        return self.split(teacher, self.grad(student, teacher, out, dloss))
+
+
+class _DistillStatsCoreSplit(nn.Cell):
+    """As _DistillStatsCore, for compiled code: each gradient from its own kernel, so that graph mode drops the one
+    nobody uses (a frozen teacher costs no teacher work) at the price of a second read when both are used."""
+
+    def __init__(self, kernels, temperature, beta):
+        super().__init__()
+        self.kernel = kernels.forward(temperature, beta)
+        self.grad_student = _DistillStudentGradCore(kernels, temperature, beta)
+        self.grad_teacher = _DistillTeacherGradCore(kernels, temperature, beta)
+
+    def construct(self, student, teacher):
+        return self.kernel(student, teacher)
+
+    def bprop(self, student, teacher, out, dout):
+        dloss = ops.cast(dout[..., 0], ms.float32)
+        return (self.grad_student(student, teacher, out, dloss), self.grad_teacher(student, teacher, out, dloss))
+
+
+class _DistillRows(nn.Cell):
+    def __init__(self, core):
+        super().__init__()
+        self.core = core
+
+    def construct(self, student, teacher):
+        return self.core(student, teacher)[..., 0]
+
+
+def rows_op(kernels, temperature=1.0, beta=0.0, teacher_grad=True, split=False):
+    """Cell (student, teacher) -> float32 per-row loss [...] on ``kernels``, differentiable for both logits (one
+    backward launch writes both gradients; with ``teacher_grad=False`` the teacher gets zeros and the kernels do
+    no teacher work). ``split`` (compiled code, kernels with ``backward_teacher``): one kernel per gradient."""
+    if split and hasattr(kernels, "backward_teacher"):
+        return _DistillRows(_DistillStatsCoreSplit(kernels, temperature, beta))
+    return _DistillRows(_DistillStatsCore(kernels, temperature, beta, teacher_grad))
+
+
+# ------------------------------------------------------------------------------------------------- CPU
+class _CpuKernel(nn.Cell):
+    """One exported symbol of libkldiv_cpu.so (custom_ops/common/distill_abi.h) with (temperature, beta) bound as a
+    float64 constant input."""
+
+    def __init__(self, lib_path, name, inputs, outputs, out_dtype, temperature, beta):
+        super().__init__()
+        self.hyper = ms.Tensor([float(temperature), float(beta)], ms.float64)
+        # out_shape None: the library's C++ <name>InferShape, which dynamic row counts (set_inputs) need
+        self.op = ops.Custom(f"{lib_path}:{name}", out_shape=None, out_dtype=out_dtype, func_type="aot",
+                             reg_info=custom_reg_info(name, "CPU", inputs, outputs))
+
+    def construct(self, *args):
+        return self.op(args[0], args[1], self.hyper, *args[2:])
+
+
+def _stats_dtype(*_):
+    return ms.float32
+
+
+class _CpuBackwardStudent(nn.Cell):
+    def __init__(self, lib_path, temperature, beta):
+        super().__init__()
+        self.kernel = _CpuKernel(lib_path, "DistillBwdStudent", ("s", "t", "hyper", "stats", "dloss"), ("ds",),
+                                 lambda s, *_: s, temperature, beta)
+
+    def construct(self, s, t, stats, dloss):
+        return self.kernel(s, t, stats, dloss), ops.zeros((1,), s.dtype)
+
+
+class CpuDistillKernels:
+    """The fused distillation kernels of the CPU library (custom_ops/cpu/distill_cpu.cc)."""
+
+    def __init__(self, lib_path):
+        self.lib_path = lib_path
+
+    def forward(self, temperature, beta):
+        return _CpuKernel(self.lib_path, "DistillFwd", ("s", "t", "hyper"), ("stats",), _stats_dtype, temperature,
+                          beta)
+
+    def backward(self, temperature, beta, teacher_grad):
+        if not teacher_grad:
+            return _CpuBackwardStudent(self.lib_path, temperature, beta)
+        return _CpuKernel(self.lib_path, "DistillBwd", ("s", "t", "hyper", "stats", "dloss"), ("ds", "dt"),
+                          lambda s, t, *_: (s, t), temperature, beta)
+
+    def backward_teacher(self, temperature, beta):
+        return _CpuKernel(self.lib_path, "DistillBwdTeacher", ("s", "t", "hyper", "stats", "dloss"), ("dt",),
+                          lambda s, t, *_: t, temperature, beta)
+
+
+def cpu_kernels():
+    """CpuDistillKernels of the library in use, or None when it is missing or predates the distillation kernels."""
+    try:
+        path = _build.ensure_library("CPU")
+    except _build.BuildError:
+        return None
+    try:  # a library given by MS_KLDIV_LIB_DIR may predate the distillation kernels
+        if not hasattr(ctypes.CDLL(path), "DistillFwd"):
+            return None
+    except OSError:
+        return None
+    return CpuDistillKernels(path)

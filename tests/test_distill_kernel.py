@@ -1,0 +1,267 @@
+"""The fused distillation kernels of the CPU library (custom_ops/cpu/distill_cpu.cc, math in
+custom_ops/common/distill_math.h) behind ``distillation_loss(..., backend='auto' | 'aot')``: values and both gradients
+against the float64 reference, in PyNative, under ``ms.jit`` and as a GRAPH_MODE Cell; masks, extreme logits, tiny
+and huge vocabularies, half types, ignored rows, a frozen teacher, second order, dynamic row counts."""
+import numpy as np
+import pytest
+
+import mindspore as ms
+from mindspore import nn, ops
+
+import ms_kldiv
+from ms_kldiv import reference
+from ms_kldiv.backends import distill
+
+from conftest import graph_mode
+
+pytestmark = pytest.mark.skipif(distill.cpu_kernels() is None or ms.get_context("device_target") != "CPU",
+                                reason="the CPU kernel library is not available here")
+
+MODES = ("pynative", "jit", "graph")
+
+
+class Loss(nn.Cell):
+    def __init__(self, temperature, reduction, beta, frozen=False, backend="aot"):
+        super().__init__()
+        self.args = (temperature, reduction)
+        self.beta = beta
+        self.frozen = frozen
+        self.backend = backend
+
+    def construct(self, s, t, w):
+        if self.frozen:
+            t = ops.stop_gradient(t)
+        loss = ms_kldiv.distillation_loss(s, t, *self.args, beta=self.beta, backend=self.backend)
+        return loss * w
+
+
+class LossWithLabels(Loss):
+    def construct(self, s, t, w, labels):
+        return ms_kldiv.distillation_loss(s, t, *self.args, beta=self.beta, labels=labels, backend=self.backend) * w
+
+
+def _run(mode, cell, *args):
+    """(value, d/ds, d/dt) of ``cell`` in ``mode``."""
+    grad = ms.value_and_grad(cell, grad_position=(0, 1))
+    if mode == "pynative":
+        value, (ds, dt) = grad(*args)
+    elif mode == "jit":
+        value, (ds, dt) = ms.jit(grad)(*args)
+    else:
+        with graph_mode():
+            value, (ds, dt) = _GraphGrad(cell)(*args)
+    return value.asnumpy(), ds.asnumpy(), dt.asnumpy()
+
+
+class _GraphGrad(nn.Cell):
+    def __init__(self, cell):
+        super().__init__()
+        self.grad = ms.value_and_grad(cell, grad_position=(0, 1))
+
+    def construct(self, *args):
+        return self.grad(*args)
+
+
+def _ref_grads(s, t, temperature, reduction, beta, labels=None, eps=None):
+    """The float64 reference's gradients, by central differences on every element (small inputs only)."""
+    s, t = s.astype(np.float64), t.astype(np.float64)
+    eps = eps or 1e-6
+
+    def f(a, b):
+        return reference.distillation_loss(a, b, temperature, reduction, beta, labels=labels)
+
+    grads = []
+    for which in (0, 1):
+        base = (s, t)[which]
+        g = np.zeros_like(base)
+        for idx in np.ndindex(base.shape):
+            if not np.isfinite(base[idx]):
+                continue
+            up, dn = base.copy(), base.copy()
+            up[idx] += eps
+            dn[idx] -= eps
+            args_up = (up, t) if which == 0 else (s, up)
+            args_dn = (dn, t) if which == 0 else (s, dn)
+            g[idx] = (f(*args_up) - f(*args_dn)) / (2 * eps)
+        grads.append(g)
+    return grads
+
+
+def test_auto_uses_the_fused_kernels_on_cpu():
+    from ms_kldiv.distillation import _fused_rows
+    assert _fused_rows("auto", "CPU", 2.0, 0.0, False) is not None
+    assert _fused_rows("aot", "CPU", 2.0, 0.5, True) is not None
+    assert _fused_rows("composite", "CPU", 2.0, 0.0, False) is None
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("temperature", [0.5, 2.0])
+def test_values_and_both_gradients(mode, beta, temperature):
+    rng = np.random.default_rng(int(beta * 10 + temperature * 100))
+    s = (rng.standard_normal((3, 7)) * 2).astype(np.float32)
+    t = (rng.standard_normal((3, 7)) * 2).astype(np.float32)
+    s[0, 2] = t[0, 2] = -np.inf  # a class masked in both models (a padded vocabulary entry)
+    value, ds, dt = _run(mode, Loss(temperature, "batchmean", beta), ms.Tensor(s), ms.Tensor(t),
+                         ms.Tensor(1.0, ms.float32))
+    exact = reference.distillation_loss(s, t, temperature, "batchmean", beta)
+    np.testing.assert_allclose(value, exact, rtol=1e-6)
+    es, et = _ref_grads(s, t, temperature, "batchmean", beta)
+    np.testing.assert_allclose(ds, es, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(dt, et, rtol=1e-4, atol=1e-6)
+    assert ds[0, 2] == 0 and dt[0, 2] == 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("temperature, trl_index", [(1.0, 0), (4.0, 1)])
+def test_ignored_rows_and_reductions(mode, beta, temperature, trl_index):
+    rng = np.random.default_rng(trl_index)
+    s = rng.standard_normal((2, 3, 5)).astype(np.float32)
+    t = rng.standard_normal((2, 3, 5)).astype(np.float32)
+    labels = np.array([[1, -100, 2], [-100, 0, 4]], np.int32)
+    for reduction in ("batchmean", "mean", "sum"):
+        value, ds, dt = _run(mode, LossWithLabels(temperature, reduction, beta), ms.Tensor(s), ms.Tensor(t),
+                             ms.Tensor(1.0, ms.float32), ms.Tensor(labels))
+        exact = reference.distillation_loss(s, t, temperature, reduction, beta, labels=labels)
+        np.testing.assert_allclose(value, exact, rtol=1e-6)
+        es, et = _ref_grads(s, t, temperature, reduction, beta, labels=labels)
+        np.testing.assert_allclose(ds, es, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(dt, et, rtol=1e-4, atol=1e-6)
+        ignored = labels == -100
+        assert (ds[ignored] == 0).all() and (dt[ignored] == 0).all()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_all_rows_ignored_is_zero_not_nan(mode):
+    s = np.ones((2, 4), np.float32)
+    labels = np.full((2,), -100, np.int32)
+    value, ds, dt = _run(mode, LossWithLabels(1.0, "batchmean", 0.0), ms.Tensor(s), ms.Tensor(s * 2),
+                         ms.Tensor(1.0, ms.float32), ms.Tensor(labels))
+    assert value == 0 and (ds == 0).all() and (dt == 0).all()
+
+
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+def test_masks_teacher_only_and_student_only(mode):
+    s = np.array([[0.5, -np.inf, 1.0, 2.0], [0.1, 0.2, -np.inf, 0.4]], np.float32)
+    t = np.array([[1.0, 0.3, -np.inf, 0.0], [0.0, 1.0, 0.5, -np.inf]], np.float32)
+    for beta in (0.0, 0.5, 1.0):
+        rows = distill.rows_op(distill.cpu_kernels(), 1.0, beta)
+        if mode == "graph":
+            with graph_mode():
+                got = rows(ms.Tensor(s), ms.Tensor(t)).asnumpy()
+        else:
+            got = rows(ms.Tensor(s), ms.Tensor(t)).asnumpy()
+        exact = reference.distillation_pointwise(s, t, 1.0, beta).sum(-1)
+        assert not np.isnan(got).any()
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(exact))  # +inf exactly where the math says
+        np.testing.assert_allclose(got[np.isfinite(exact)], exact[np.isfinite(exact)], rtol=1e-6)
+
+
+@pytest.mark.parametrize("vocab", [1, 2, 1023, 1024, 1025, 262144])
+def test_vocabulary_sizes_and_extreme_logits(vocab):
+    rng = np.random.default_rng(vocab)
+    rows = 3 if vocab < 262144 else 1
+    s = (rng.standard_normal((rows, vocab)) * 1e4).astype(np.float32)  # |z| ~ 1e4 with a small T: no overflow
+    t = (rng.standard_normal((rows, vocab)) * 1e4).astype(np.float32)
+    s2 = rng.standard_normal((rows, vocab)).astype(np.float32)
+    t2 = s2 + 0.1 * rng.standard_normal((rows, vocab)).astype(np.float32)
+    for beta in (0.0, 0.5):
+        op = distill.rows_op(distill.cpu_kernels(), 0.05, beta)
+        got = op(ms.Tensor(s), ms.Tensor(t)).asnumpy()
+        exact = reference.distillation_pointwise(s, t, 0.05, beta).sum(-1)
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, exact, rtol=2e-5, atol=1e-6 * np.abs(exact).max())
+        op = distill.rows_op(distill.cpu_kernels(), 1.0, beta)
+        got = op(ms.Tensor(s2), ms.Tensor(t2)).asnumpy()
+        exact = reference.distillation_pointwise(s2, t2, 1.0, beta).sum(-1)
+        # Near-identical models: the divergence (~1e-5) is a difference of O(log V) terms, so its error is absolute
+        np.testing.assert_allclose(got, exact, rtol=2e-6, atol=5e-8 * max(1.0, np.log(vocab)))
+
+
+@pytest.mark.parametrize("dtype", [ms.float16, ms.bfloat16])
+def test_half_inputs_compute_in_float32(dtype):
+    rng = np.random.default_rng(3)
+    s = rng.standard_normal((4, 300)).astype(np.float32)
+    t = rng.standard_normal((4, 300)).astype(np.float32)
+    sh, th = ms.Tensor(s).astype(dtype), ms.Tensor(t).astype(dtype)
+    s_q, t_q = sh.astype(ms.float32).asnumpy(), th.astype(ms.float32).asnumpy()  # the inputs as rounded
+    value, ds, dt = _run("pynative", Loss(2.0, "batchmean", 0.0), sh, th, ms.Tensor(1.0, dtype))
+    exact = reference.distillation_loss(s_q, t_q, 2.0, "batchmean", 0.0)
+    np.testing.assert_allclose(np.float64(value), exact, rtol=1e-2)
+    # gradients: float32 values rounded once to the half type
+    exact_ds = 2.0 * (np.exp(reference.log_softmax(s_q / 2)) - np.exp(reference.log_softmax(t_q / 2))) / 4
+    got = ds.astype(np.float64) if ds.dtype != np.uint16 else ds
+    half_eps = 2.0 ** -8 if dtype == ms.bfloat16 else 2.0 ** -11
+    assert np.mean(np.abs(got - exact_ds) <= half_eps * np.abs(exact_ds) + 1e-7) >= 0.999
+
+
+@pytest.mark.parametrize("mode", ["jit", "graph"])
+def test_frozen_teacher_gets_zeros_and_the_same_student_gradient(mode):
+    rng = np.random.default_rng(8)
+    s, t = rng.standard_normal((4, 9)).astype(np.float32), rng.standard_normal((4, 9)).astype(np.float32)
+    w = ms.Tensor(1.0, ms.float32)
+    _, ds_free, _ = _run(mode, Loss(2.0, "batchmean", 0.5), ms.Tensor(s), ms.Tensor(t), w)
+    _, ds_frozen, dt_frozen = _run(mode, Loss(2.0, "batchmean", 0.5, frozen=True), ms.Tensor(s), ms.Tensor(t), w)
+    np.testing.assert_array_equal(ds_frozen, ds_free)
+    assert (dt_frozen == 0).all()
+
+
+class _SecondOrder(nn.Cell):
+    """sum(d/ds * v1) + sum(d/dt * v2) of the loss: its gradient is the second order."""
+
+    def __init__(self, loss):
+        super().__init__()
+        self.grad = ms.grad(loss, grad_position=(0, 1))
+
+    def construct(self, s, t, w, v1, v2):
+        ds, dt = self.grad(s, t, w)
+        return (ds * v1).sum() + (dt * v2).sum()
+
+
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+@pytest.mark.parametrize("beta", [0.0, 0.5])
+def test_second_order_matches_the_composition_in_float64(mode, beta):
+    rng = np.random.default_rng(21)
+    args = [ms.Tensor(rng.standard_normal((3, 6)).astype(np.float32)) for _ in range(2)]
+    args.append(ms.Tensor(1.0, ms.float32))
+    args += [ms.Tensor(rng.standard_normal((3, 6)).astype(np.float32)) for _ in range(2)]
+    results = []
+    # the reference: the composition in float64 (its log-softmax is plain ops there, differentiable twice)
+    for backend, dtype in (("aot", ms.float32), ("composite", ms.float64)):
+        cell = _SecondOrder(Loss(2.0, "batchmean", beta, backend=backend))
+        grad = ms.grad(cell, grad_position=(0, 1))
+        cast = [a.astype(dtype) for a in args]
+        if mode == "graph":
+            with graph_mode():
+                gs, gt = _Graph2(grad)(*cast)
+        else:
+            gs, gt = grad(*cast)
+        results.append((gs.asnumpy(), gt.asnumpy()))
+    for ours, composed in zip(*results):
+        np.testing.assert_allclose(ours, composed, rtol=2e-4, atol=1e-6)
+
+
+class _Graph2(nn.Cell):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def construct(self, *args):
+        return self.fn(*args)
+
+
+def test_dynamic_row_count_in_graph_mode():
+    rng = np.random.default_rng(4)
+    net = _GraphGrad(Loss(2.0, "batchmean", 0.0))
+    with graph_mode():
+        net.set_inputs(ms.Tensor(shape=[None, 11], dtype=ms.float32), ms.Tensor(shape=[None, 11], dtype=ms.float32),
+                       ms.Tensor(1.0, ms.float32))
+        for rows in (1, 5, 17):
+            s = rng.standard_normal((rows, 11)).astype(np.float32)
+            t = rng.standard_normal((rows, 11)).astype(np.float32)
+            value, (ds, _) = net(ms.Tensor(s), ms.Tensor(t), ms.Tensor(1.0, ms.float32))
+            np.testing.assert_allclose(value.asnumpy(), reference.distillation_loss(s, t, 2.0, "batchmean"),
+                                       rtol=1e-6)
+            exact_ds = 2.0 * (np.exp(reference.log_softmax(s / 2)) - np.exp(reference.log_softmax(t / 2))) / rows
+            np.testing.assert_allclose(ds.asnumpy(), exact_ds, rtol=1e-4, atol=1e-7)
