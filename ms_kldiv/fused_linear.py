@@ -15,6 +15,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from . import _validation
+from .backends import distill
 from ._distill_math import cross_entropy_and_grad, loss_and_grads
 
 _NAME = "FusedLinearDistillationLoss"
@@ -38,15 +39,21 @@ class _FusedCore(nn.Cell):
 
     Inputs are 2-D hidden states [N, H], weights [V, H], biases [V] (zeros when absent), labels [N] int32 and the
     number of counted rows. The rows go through in chunks: a chunk's logits come from MindSpore's matmul, the
-    loss and d(logits) from the closed forms of ``_distill_math``, and the chunk's contributions to the heads'
+    loss and d(logits) from the fused distillation kernels (``kernels``; None: the closed forms of
+    ``_distill_math`` in MindSpore ops), and the chunk's contributions to the heads'
     gradients are accumulated at once, so one chunk of logits is alive at a time. This Cell's bprop hands out the
     stored gradients times the incoming gradient; its forward is not differentiated (in PyNative MindSpore runs a
     custom-bprop Cell's forward without recording it), which is what keeps the chunks' tensors from being held.
     """
 
     def __init__(self, temperature, beta, ignore_index, hard_weight, soft_weight, chunk_size, teacher_grad,
-                 teacher_logits=False):
+                 teacher_logits=False, kernels=None):
         super().__init__()
+        self.fused = kernels is not None
+        if self.fused:
+            self.kernel_rows = kernels.forward(temperature, beta)
+            self.kernel_student = kernels.backward(temperature, beta, False)
+            self.kernel_teacher = kernels.backward_teacher(temperature, beta)
         self.temperature = temperature
         self.ignore_index = ignore_index
         self.beta = beta
@@ -81,7 +88,14 @@ class _FusedCore(nn.Cell):
             hs_c, ht_c, keep = ops.depend(hs[lo:hi], dws), ops.depend(ht[lo:hi], dws), keep_all[lo:hi]
             s_c = _matmul_t(hs_c, ws) + bs
             t_c = ht_c if self.teacher_logits else _matmul_t(ht_c, wt) + bt
-            soft, ds, dt = loss_and_grads(s_c, t_c, self.temperature, self.beta, keep, self.teacher_grad)
+            if self.fused:
+                # the kernels' incoming row gradient is the keep mask: ignored rows get exact zeros, unread
+                stats, g = self.kernel_rows(s_c, t_c), ops.cast(keep, f32)
+                soft = ops.sum(ops.where(keep, stats[:, 0], 0.0))
+                ds = self.kernel_student(s_c, t_c, stats, g)[0]
+                dt = self.kernel_teacher(s_c, t_c, stats, g) if self.teacher_grad else None
+            else:
+                soft, ds, dt = loss_and_grads(s_c, t_c, self.temperature, self.beta, keep, self.teacher_grad)
             loss = loss + soft * self.soft_weight
             ds = ds * (self.soft_weight * scale)
             if self.hard_weight != 0:
@@ -137,8 +151,10 @@ class FusedLinearDistillationLoss(nn.Cell):
         teacher_grad (bool, optional): ``None`` (default) gives the teacher's hidden states, weight and bias
             their gradients, computed only when used (graph mode drops the work for a frozen teacher; PyNative
             always does it); ``False`` declares the teacher frozen (its gradients are zeros, no work).
-        backend (str, optional): How a chunk's loss and d(logits) are computed: ``'auto'`` / ``'composite'``
-            (closed forms in MindSpore ops, every device). Default: ``'auto'``.
+        backend (str, optional): How a chunk's loss and d(logits) are computed: ``'aot'`` (the fused
+            distillation kernels of the CPU library: no chunk x V temporaries besides the logits and their
+            gradient), ``'composite'`` (closed forms in MindSpore ops, every device), ``'auto'`` (``'aot'`` where it
+            runs, else ``'composite'``). Default: ``'auto'``.
 
     Inputs:
         - **student_hidden** (Tensor) - ``[N, H_s]`` or ``[B, S, H_s]``, float16/bfloat16/float32.
@@ -164,9 +180,8 @@ class FusedLinearDistillationLoss(nn.Cell):
         _validation.check_number(hard_weight, "hard_weight", _NAME)
         _validation.check_number(soft_weight, "soft_weight", _NAME)
         _validation.check_int(ignore_index, "ignore_index", _NAME)
-        if backend not in ("auto", "composite"):
-            raise ValueError(f"For '{_NAME}', 'backend' must be 'auto' or 'composite' (the chunk's loss and gradients "
-                             f"in MindSpore ops), but got {backend!r}.")
+        if backend not in ("auto", "aot", "composite"):
+            raise ValueError(f"For '{_NAME}', 'backend' must be 'auto', 'aot' or 'composite', but got {backend!r}.")
         if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
                                        or chunk_size < 1):
             raise ValueError(f"For '{_NAME}', 'chunk_size' must be None or a positive int, but got {chunk_size!r}.")
@@ -179,9 +194,11 @@ class FusedLinearDistillationLoss(nn.Cell):
         self.soft_weight = float(soft_weight)
         self.chunk_size = chunk_size
         self.teacher_grad = teacher_grad is not False
+        kernels = _kernels(backend)
+        self.backend = "composite" if kernels is None else "aot"
         args = (self.temperature, self.beta, ignore_index, self.hard_weight, self.soft_weight, chunk_size)
-        self.core = _FusedCore(*args, self.teacher_grad)
-        self.core_from_logits = _FusedCore(*args, False, teacher_logits=True)
+        self.core = _FusedCore(*args, self.teacher_grad, kernels=kernels)
+        self.core_from_logits = _FusedCore(*args, False, teacher_logits=True, kernels=kernels)
 
     def construct(self, student_hidden, student_weight, teacher_hidden, teacher_weight, labels=None,
                   student_bias=None, teacher_bias=None):
@@ -217,7 +234,21 @@ class FusedLinearDistillationLoss(nn.Cell):
 
     def extend_repr(self):
         return (f"temperature={self.temperature}, beta={self.beta}, ignore_index={self.ignore_index}, "
-                f"hard_weight={self.hard_weight}, soft_weight={self.soft_weight}, chunk_size={self.chunk_size}")
+                f"hard_weight={self.hard_weight}, soft_weight={self.soft_weight}, chunk_size={self.chunk_size}, "
+                f"backend={self.backend!r}")
+
+
+def _kernels(backend):
+    """The fused distillation kernels for ``backend`` on the current device, or None for the composite math."""
+    if backend == "composite" or ms.get_context("device_target") != "CPU":
+        if backend == "aot":
+            raise RuntimeError(f"For '{_NAME}', backend 'aot' runs on CPU only; use 'auto' or 'composite'.")
+        return None
+    kernels = distill.cpu_kernels()
+    if kernels is None and backend == "aot":
+        raise RuntimeError(f"For '{_NAME}', backend 'aot' needs the CPU kernel library, which is not available "
+                           "(see ms_kldiv.backend_info()).")
+    return kernels
 
 
 def _rows(hidden):
