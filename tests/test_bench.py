@@ -162,3 +162,30 @@ def test_split_of_middle_pairs_adds_up_to_the_middle_total():
     assert abs(before + kernel + after - 1.6) < 1e-12
     assert abs(before - 0.3) < 1e-12 and abs(kernel - 1.0) < 1e-12 and abs(after - 0.3) < 1e-12
     assert harness.split_of_middle_pairs([(0.2, 1.0, 0.3)]) == [0.2, 1.0, 0.3]
+
+
+def _subcommand(tmp_path, *args):
+    out = tmp_path / "records.json"
+    proc = subprocess.run([sys.executable, "-m", "ms_kldiv.bench", *args, "--json", str(out)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = json.loads(out.read_text())
+    assert records and all("error" not in r and r["seconds"] > 0 for r in records), records
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["records.json"]  # nothing else in the working directory
+    return proc.stdout, records
+
+
+def test_distill_subcommand_smoke(tmp_path):
+    stdout, records = _subcommand(tmp_path, "distill", "--sizes", "8x64", "--dtypes", "float32", "--betas", "0,0.5",
+                                  "--modes", "fwd,grad,step", "--rows", "fused,composition,ms_ops,stream",
+                                  "--repeats", "1")
+    cells = {(r["row"], r["beta"], r["mode"]) for r in records}
+    assert ("fused", 0.0, "step") in cells and ("composition", 0.5, "grad") in cells and ("stream", 0.0, "fwd") in cells
+    assert ("ms_ops", 0.5, "fwd") not in cells  # forward KL only, as documented
+    assert all(r["peak_bytes"] is not None for r in records) and "time vs fused" in stdout
+
+
+def test_fused_linear_subcommand_smoke(tmp_path):
+    _, records = _subcommand(tmp_path, "fused-linear", "--sizes", "16x8x32", "--dtypes", "float32",
+                             "--rows", "fused,composition", "--repeats", "1")
+    assert {r["row"] for r in records} == {"fused", "composition"}
