@@ -14,10 +14,11 @@
 // A class with P = 0 (a -inf logit: a padded vocabulary entry) contributes exactly 0 to every sum and gradient
 // term it weights; a class the student rules out while the teacher does not gives +inf under forward KL.
 //
-// Saved per row (the forward's output, what the backward reads): the row loss, lse(x), lse(y), sum(a), sum(b).
-// The forward KL / reverse KL value needs ONE read of each row: online softmax over blocks (running max and
-// sum of exponentials of both rows, and the running weighted difference), rescaled when a maximum grows.
-// The generalized JSD needs both normalizers before log M, so its forward reads each row twice.
+// Saved per row (the forward's output, what the backward reads): the row loss, the maxima of both raw rows and the
+// log of their sums of exp((v - max) / T) (so log P = (v - max) / T - log Z, exact for huge logits: v - max is
+// formed before the division), sum(a), sum(b). The forward KL / reverse KL value needs ONE read of each row: online
+// softmax over blocks (running max and sum of exponentials of both rows, and the running weighted difference),
+// rescaled when a maximum grows. The generalized JSD needs both normalizers before log M, so it reads each row twice.
 #pragma once
 
 #if defined(__CUDACC__)
@@ -31,9 +32,11 @@
 namespace distill {
 
 // Columns of the saved statistics (float32, [rows, kStats]); the AscendC kernel uses the same width.
-enum Stat : int { kLoss = 0, kLseStudent = 1, kLseTeacher = 2, kSumA = 3, kSumB = 4, kStats = 8 };
+enum Stat : int {
+  kLoss = 0, kLogZStudent = 1, kLogZTeacher = 2, kSumA = 3, kSumB = 4, kMaxStudent = 5, kMaxTeacher = 6, kStats = 8
+};
 
-// Running log-sum-exp state of one row: max m and sum of exp(v - m). Empty: m = -inf, z = 0.
+// Running log-sum-exp state of one raw row: max m (raw units) and sum of exp((v - m) / T). Empty: m = -inf, z = 0.
 struct Online {
   double m, z;
 };
@@ -44,19 +47,25 @@ DISTILL_HD Online online_empty() { return Online{-INFINITY, 0.0}; }
 DISTILL_HD double safe_base(double m) { return m == -INFINITY ? 0.0 : m; }
 
 // Moves state `o` to the new maximum `m_new` (>= o.m); returns the factor the sums were scaled by.
-DISTILL_HD double online_rescale(Online *o, double m_new) {
+DISTILL_HD double online_rescale(Online *o, double m_new, double inv_t) {
   if (!(m_new > o->m)) return 1.0;  // unchanged (or NaN: the NaN reaches the sums through exp)
-  const double f = o->m == -INFINITY ? 0.0 : exp(o->m - m_new);
+  const double f = o->m == -INFINITY ? 0.0 : exp((o->m - m_new) * inv_t);
   o->z *= f;
   o->m = m_new;
   return f;
 }
 
-DISTILL_HD double online_lse(Online o) { return o.m + log(o.z); }
+// Forward KL / reverse KL of one row from its single-pass sums: P = softmax(p / T) weights the difference (teacher
+// for beta = 0, student for beta = 1), Q is the other, and w = sum_j exp((p_j - m_p) / T) ((p_j - m_p) - (q_j - m_q))
+// is kept relative to the running maxima (kl_shift_sum moves it when they grow), so no O(lse) terms cancel.
+DISTILL_HD double kl_from_sums(Online p, Online q, double w, double inv_t) {
+  return w * inv_t / p.z - log(p.z) + log(q.z);
+}
 
-// Forward KL / reverse KL of one row from its single-pass sums: P = softmax(p) weights the difference
-// (teacher for beta = 0, student for beta = 1), Q is the other distribution, w = sum_j exp(p_j - m_p) (p_j - q_j).
-DISTILL_HD double kl_from_sums(Online p, Online q, double w) { return w / p.z - online_lse(p) + online_lse(q); }
+// w after the maxima moved by dp (P's) and dq (Q's), P's sum having been scaled by f and being z_p before.
+DISTILL_HD double kl_shift_sum(double w, double f, double z_p, double dp, double dq) {
+  return z_p > 0.0 ? f * (w + (dq - dp) * z_p) : 0.0;
+}
 
 // The JSD terms a_j, b_j of one class from the two log-probabilities (C: float or double).
 template <typename C>

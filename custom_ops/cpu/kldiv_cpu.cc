@@ -463,6 +463,8 @@ int run(int want, int reduction, bool log_target, int nparam, void** params, int
 
 }  // namespace
 
+const KernelTable* active_table() { return table(); }
+
 void parallel_run(int nthreads, TaskFn fn, void* ctx) {
   if (nthreads <= 1) {
     fn(ctx, 0, 1);

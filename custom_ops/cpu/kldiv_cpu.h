@@ -50,11 +50,30 @@ void parallel_run(int nthreads, TaskFn fn, void* ctx);
 // them to the pool dynamically.
 int threads_for(int64_t work);
 
+// One call of the fused distillation kernels (custom_ops/common/distill_abi.h; distill_kernels.inc).
+struct DistillJob {
+  int dtype;              // DType (not kF64)
+  int64_t rows, vocab;
+  float inv_t, t, t_sq;   // 1/T, T, T^2
+  int kind;               // distill::kind_of(beta)
+  float beta, log_beta, log_1m_beta;
+  const void* s;
+  const void* t_logits;
+  float* stats;           // forward output / backward input, [rows, distill::kStats]
+  const float* dloss;     // backward only (null: forward)
+  void* ds;               // backward outputs (either may be null, not both)
+  void* dt;
+};
+
 struct KernelTable {
   const char* isa;
   void (*forward)(const Args*);
   void (*backward)(const Args*);
+  void (*distill_rows)(const DistillJob*, int64_t r0, int64_t r1);  // rows [r0, r1) of a distillation call
 };
+
+// The table picked for this CPU (once, from cpuid; MS_KLDIV_ISA forces one).
+const KernelTable* active_table();
 
 const KernelTable* table_base();
 const KernelTable* table_avx2();
