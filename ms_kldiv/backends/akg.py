@@ -40,7 +40,7 @@ from mindspore.common import dtype as mstype
 from .. import _env, _math
 from . import register
 from .base import Backend
-from .common import KLDivWrapper
+from .common import KLDivWrapper, SerializedDispatch
 from .composite import composite_op
 
 # ---------------------------------------------------------------------------------------------------------
@@ -343,6 +343,9 @@ class AkgBackend(Backend):
         return _akg_unavailable_reason()
 
     def make_op(self, reduction, log_target):
+        return SerializedDispatch(akg_op(reduction, log_target))
+
+    def make_graph_op(self, reduction, log_target):
         return akg_op(reduction, log_target)
 
 

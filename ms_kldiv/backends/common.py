@@ -6,12 +6,31 @@ gradients, and the registration info of a Custom op.
 the core, so MindSpore's own autodiff sums gradients back to each operand's shape and dtype; the core sees
 two same-shaped operands of one compute dtype.
 """
+import threading
+
 import mindspore as ms
 from mindspore import nn, ops
 from mindspore.ops import constexpr
 
 from .. import _math
 from .._validation import HALF_DTYPES, kldiv_broadcast_shape
+
+
+# MindSpore 2.10 dispatches a PyNative Custom op (aot, hybrid) through state shared by every thread: two threads
+# calling Custom ops at once can each get the other's result (built-in ops are safe). PyNative calls of the ops
+# built on Custom hold this lock while they dispatch (not while the kernel runs); compiled graphs are unaffected.
+DISPATCH_LOCK = threading.RLock()
+
+
+class SerializedDispatch:
+    """A PyNative op whose dispatch holds ``DISPATCH_LOCK``; ``prim`` is the wrapped op."""
+
+    def __init__(self, prim):
+        self.prim = prim
+
+    def __call__(self, x, t):
+        with DISPATCH_LOCK:
+            return self.prim(x, t)
 
 
 @constexpr
