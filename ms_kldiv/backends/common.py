@@ -110,6 +110,9 @@ class KLDivWrapper(nn.Cell):
             out = self.core(x, t)
         if self.reduction != "none":
             out = ops.reshape(out, ())
+            if None in shape and not self.core_scales:
+                # Unknown dims may be 0 at run time, and CPU ReduceSum of an empty tensor returns garbage.
+                out = ops.where(ops.prod(ops.cast(ops.dyn_shape(x), ms.float32)) > 0, out, 0.0)
         if not self.core_scales:
             if self.reduction == "mean":
                 out = out / ops.cast(ops.prod(ops.cast(ops.dyn_shape(x), ms.float64)), out.dtype)
