@@ -21,6 +21,7 @@ Runs are derandomized (fixed seed, no example database), so a failure reproduces
 volume per backend (at least 2,000 each), ``MS_KLDIV_FUZZ_SCALE`` scales it for quick local runs.
 """
 import os
+import warnings
 from collections import namedtuple
 
 import numpy as np
@@ -350,3 +351,149 @@ def _fuzz_family(backend, families, index, family, examples, count):
         _check(results, xv, tv, case, wv_none, wv_red, dtype, flush_ok=True, what=f"{backend} {mode} {case}")
 
     check()
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+# Every invalid argument the documented checks cover, combined: the call raises the documented TypeError or
+# ValueError (a message starting "For 'kl_div'" / "For 'KLDivLoss'") before any op runs, and nothing breaks for the
+# next call (a GRAPH_MODE Cell keeps working). Extends test_validation.py's one-bad-argument cases.
+_BAD_OPERANDS = {
+    "list": (lambda: [[0.1, 0.2, 0.3]] * 2, TypeError), "ndarray": (lambda: np.ones((2, 3), np.float32), TypeError),
+    "float": (lambda: 0.5, TypeError), "int": (lambda: 3, TypeError), "None": (lambda: None, TypeError),
+    "str": (lambda: "x", TypeError),
+    "int32": (lambda: Tensor(np.ones((2, 3), np.int32)), TypeError),
+    "int64": (lambda: Tensor(np.ones((2, 3), np.int64)), TypeError),
+    "uint8": (lambda: Tensor(np.ones((2, 3), np.uint8)), TypeError),
+    "bool": (lambda: Tensor(np.ones((2, 3), np.bool_)), TypeError),
+    "complex64": (lambda: Tensor(np.ones((2, 3), np.complex64)), TypeError),
+}
+_UNBROADCASTABLE = [((2, 3), (4,)), ((2, 3), (3, 2)), ((5,), (2, 3, 4)), ((0, 3), (2, 3)), ((2, 1, 3), (4, 2))]
+_BAD_REDUCTIONS = [(1, TypeError), (None, TypeError), (1.5, TypeError), (b"sum", TypeError), (["sum"], TypeError),
+                   ("avg", ValueError), ("Mean", ValueError), ("", ValueError), ("sum ", ValueError)]
+_BAD_LOG_TARGETS = [(1, TypeError), (0, TypeError), ("yes", TypeError), (None, TypeError), (np.bool_(True), TypeError),
+                    (1.0, TypeError)]
+_BAD_BACKENDS = [(3, TypeError), (None, TypeError), (["aot"], TypeError), ("cuda", ValueError), ("AOT", ValueError),
+                 ("", ValueError), ("auto ", ValueError)]
+_BAD_PIECES = ("input", "target", "shapes", "reduction", "log_target", "backend", "size_average")
+
+
+@st.composite
+def bad_calls(draw):
+    """(input, target, kwargs, exception types any of which is right, which pieces are bad)."""
+    pieces = draw(st.sets(st.sampled_from(_BAD_PIECES), min_size=1, max_size=3))
+    dtype = draw(st.sampled_from(DTYPES))
+    xs, ts = draw(st.sampled_from(_UNBROADCASTABLE)) if "shapes" in pieces else ((2, 3), (3,))
+    x, t = make(np.full(xs, -1.0), dtype)[0], make(np.full(ts, 0.25), draw(st.sampled_from(DTYPES)))[0]
+    kwargs = {"reduction": draw(st.sampled_from(REDUCTIONS)), "log_target": draw(st.booleans()),
+              "backend": draw(st.sampled_from(("auto",) + BACKENDS))}
+    expected = set()
+    if "shapes" in pieces:
+        expected.add(ValueError)
+    for name in ("input", "target"):
+        if name in pieces:
+            make_bad, exc = _BAD_OPERANDS[draw(st.sampled_from(sorted(_BAD_OPERANDS)))]
+            x, t = (make_bad(), t) if name == "input" else (x, make_bad())
+            expected.add(exc)
+    for name, bad in (("reduction", _BAD_REDUCTIONS), ("log_target", _BAD_LOG_TARGETS), ("backend", _BAD_BACKENDS)):
+        if name in pieces:
+            kwargs[name], exc = draw(st.sampled_from(bad))
+            expected.add(exc)
+    if "size_average" in pieces:
+        kwargs["size_average"] = draw(st.sampled_from(("no", 1, 0.5)))
+        expected.add(TypeError)
+    return x, t, kwargs, tuple(expected), pieces
+
+
+def _starts(excinfo, *names):
+    msg = str(excinfo.value).strip().lstrip("'\"")
+    assert any(msg.startswith(f"For '{name}'") for name in names), msg[:300]
+
+
+class _NoKernel:
+    """get_op's result, counting calls: an op that runs before the arguments are all checked fails the test."""
+
+    def __init__(self, get_op):
+        self.get_op, self.calls = get_op, 0
+
+    def __call__(self, *args, **kwargs):
+        op = self.get_op(*args, **kwargs)
+
+        def counted(*a):
+            self.calls += 1
+            return op(*a)
+        return counted
+
+
+@pytest.mark.slow
+def test_fuzz_bad_input_pynative(monkeypatch):
+    from ms_kldiv import functional
+    from ms_kldiv.nn import loss as loss_module
+    spy = _NoKernel(functional.get_op)
+    monkeypatch.setattr(functional, "get_op", spy)
+    monkeypatch.setattr(loss_module, "get_op", spy)
+    count = []
+
+    @_settings(max(1, int(SCALE * 400)))
+    @given(call=bad_calls())
+    def check(call):
+        x, t, kwargs, expected, pieces = call
+        count.append(1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            with pytest.raises(expected) as excinfo:
+                ms_kldiv.kl_div(x, t, **kwargs)
+            _starts(excinfo, "kl_div")
+            if pieces & {"reduction", "log_target", "backend", "size_average"}:
+                with pytest.raises(expected) as excinfo:  # the Cell checks its options when it is built
+                    ms_kldiv.KLDivLoss(**kwargs)
+                # (the backend registry words its errors for 'kl_div' whichever API asked)
+                _starts(excinfo, "KLDivLoss", *(("kl_div",) if "backend" in pieces else ()))
+            else:
+                cell = ms_kldiv.KLDivLoss(**kwargs)
+                with pytest.raises(expected) as excinfo:
+                    cell(x, t)
+                _starts(excinfo, "KLDivLoss")
+        assert spy.calls == 0, f"an op ran before the bad argument was reported: {kwargs}, {pieces}"
+
+    check()
+    assert count
+    x, xv = make([[-1.2, -0.4], [-2.0, -0.1]], ms.float32)
+    t, tv = make([[0.3, 0.7], [0.0, 1.0]], ms.float32)
+    check_outcomes({"sum": Outcome(ms_kldiv.kl_div(x, t, "sum"), None, None)}, xv, tv, False, None, None, ms.float32,
+                   grads=False)
+
+
+@st.composite
+def bad_graph_operands(draw):
+    kind = draw(st.sampled_from(("dtype-input", "dtype-target", "shapes")))
+    if kind == "shapes":
+        xs, ts = draw(st.sampled_from(_UNBROADCASTABLE))
+        return make(np.full(xs, -1.0), ms.float32)[0], make(np.full(ts, 0.5), ms.float32)[0], ValueError
+    bad = _BAD_OPERANDS[draw(st.sampled_from(("int32", "int64", "uint8", "bool", "complex64")))][0]()
+    good = make(np.full((2, 3), 0.5), ms.float32)[0]
+    return (bad, good, TypeError) if kind == "dtype-input" else (good, bad, TypeError)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fuzz_bad_input_graph_cell_keeps_working(backend):
+    """Bad operands in a row against one GRAPH_MODE Cell (each refused at compile time), then good ones: the Cell
+    computes the reference value and both gradients."""
+    loss = ms_kldiv.KLDivLoss("sum", backend=backend)
+
+    @_settings(max(1, int(SCALE * 12)))
+    @given(call=bad_graph_operands())
+    def check(call):
+        x, t, exc = call
+        with graph_mode():
+            with pytest.raises(exc) as excinfo:
+                loss(x, t)
+        _starts(excinfo, "KLDivLoss")
+
+    check()
+    x, xv = make([[-1.2, -0.4, -3.0], [-2.0, -0.1, -0.5]], ms.float32)
+    t, tv = make([0.2, 0.0, 0.8], ms.float32)
+    with graph_mode():
+        out = loss(x, t)
+        dx, dt = ms.grad(loss, grad_position=(0, 1))(x, t)
+    check_outcomes({"sum": Outcome(out, dx, dt)}, xv, tv, False, None, 1.0, ms.float32)
