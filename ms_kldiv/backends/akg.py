@@ -340,6 +340,10 @@ class AkgBackend(Backend):
             libakg = os.path.join(os.path.dirname(ms.__file__), "lib", "plugin", "cpu", "libakg.so")
             if not os.path.isfile(libakg):
                 return f"this MindSpore wheel has no CPU AKG library ({libakg} is missing)"
+        try:  # AKG's compiler process must start somewhere other than the user's working directory
+            _env.cache_dir("akg_cwd")
+        except OSError as e:
+            return f"no writable cache directory for AKG's compiler ({e})"
         return _akg_unavailable_reason()
 
     def make_op(self, reduction, log_target):

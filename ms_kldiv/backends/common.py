@@ -93,6 +93,12 @@ class KLDivWrapper(nn.Cell):
             if sx != st:
                 x = x + ops.zeros_like(t)
                 t = t + ops.zeros_like(x)
+            if 0 in shape:
+                # Every gradient of an empty broadcast is a sum of nothing: 0, which autodiff gives an operand the
+                # loss does not depend on. Its sum back through the broadcast would run CPU ReduceSum on an empty
+                # tensor, which returns garbage.
+                x = ops.stop_gradient(x)
+                t = ops.stop_gradient(t)
         else:
             if sx != shape:
                 x = ops.broadcast_to(x, shape)
