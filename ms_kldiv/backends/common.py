@@ -90,15 +90,19 @@ class KLDivWrapper(nn.Cell):
         if None in shape or 0 in shape:
             # Compiled CPU BroadcastTo refuses an empty target shape, and dynamic dims are only known at run
             # time: arithmetic broadcasting handles both (and its gradient sums back).
+            # Every gradient of an empty broadcast is a sum of nothing, 0; autodiff's sum back through the broadcast
+            # would run CPU ReduceSum on an empty tensor, which returns garbage. So the operands are cut from the
+            # gradient when the broadcast is empty: known at compile time, or (unknown dims) at run time.
+            if 0 in shape:
+                x = ops.stop_gradient(x)
+                t = ops.stop_gradient(t)
+            elif sx != st:
+                nonempty = ops.prod(ops.cast(ops.dyn_shape(ops.zeros_like(x) + ops.zeros_like(t)), ms.float32)) > 0
+                x = ops.where(nonempty, x, ops.stop_gradient(x))
+                t = ops.where(nonempty, t, ops.stop_gradient(t))
             if sx != st:
                 x = x + ops.zeros_like(t)
                 t = t + ops.zeros_like(x)
-            if 0 in shape:
-                # Every gradient of an empty broadcast is a sum of nothing: 0, which autodiff gives an operand the
-                # loss does not depend on. Its sum back through the broadcast would run CPU ReduceSum on an empty
-                # tensor, which returns garbage.
-                x = ops.stop_gradient(x)
-                t = ops.stop_gradient(t)
         else:
             if sx != shape:
                 x = ops.broadcast_to(x, shape)
