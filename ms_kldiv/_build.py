@@ -359,7 +359,10 @@ def _candidates(device, expected):
     name = LIB_NAMES[device]
     cands = [os.path.join(HERE, "_lib", name)] if device != DIAGNOSTICS else []
     if expected:
-        cands.append(os.path.join(_load_env().cache_dir("lib", expected), name))
+        try:
+            cands.append(os.path.join(_load_env().cache_dir("lib", expected), name))
+        except OSError:  # no writable cache anywhere: nothing can be cached there either
+            pass
     return cands
 
 
@@ -407,6 +410,8 @@ def ensure_library(device, log=None):
         found = find_library(device)  # another process may have finished while we waited
         if found:
             return found
+        for staged in glob.glob(os.path.join(out_dir, LIB_NAMES[device] + "*.tmp*")):
+            os.remove(staged)  # left by a build that was killed before its rename (builds here hold the lock)
         if log:
             log(f"ms_kldiv: compiling {LIB_NAMES[device]} once into {out_dir}")
         return build_one(device, out_dir, src)

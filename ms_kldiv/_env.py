@@ -21,5 +21,8 @@ def cache_dir(*parts):
 
 
 def keep_cwd_clean():
-    os.environ.setdefault("MS_OM_PATH", cache_dir("om"))
-    os.environ.setdefault("MS_COMPILER_CACHE_PATH", cache_dir("compiler") + os.sep)
+    try:
+        os.environ.setdefault("MS_OM_PATH", cache_dir("om"))
+        os.environ.setdefault("MS_COMPILER_CACHE_PATH", cache_dir("compiler") + os.sep)
+    except OSError:  # neither the cache nor the temp dir is writable: MindSpore's defaults, but never a failed import
+        pass

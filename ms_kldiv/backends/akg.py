@@ -40,7 +40,7 @@ from mindspore.common import dtype as mstype
 from .. import _env, _math
 from . import register
 from .base import Backend
-from .common import KLDivWrapper
+from .common import KLDivWrapper, SerializedDispatch
 from .composite import composite_op
 
 # ---------------------------------------------------------------------------------------------------------
@@ -340,9 +340,16 @@ class AkgBackend(Backend):
             libakg = os.path.join(os.path.dirname(ms.__file__), "lib", "plugin", "cpu", "libakg.so")
             if not os.path.isfile(libakg):
                 return f"this MindSpore wheel has no CPU AKG library ({libakg} is missing)"
+        try:  # AKG's compiler process must start somewhere other than the user's working directory
+            _env.cache_dir("akg_cwd")
+        except OSError as e:
+            return f"no writable cache directory for AKG's compiler ({e})"
         return _akg_unavailable_reason()
 
     def make_op(self, reduction, log_target):
+        return SerializedDispatch(akg_op(reduction, log_target))
+
+    def make_graph_op(self, reduction, log_target):
         return akg_op(reduction, log_target)
 
 

@@ -24,7 +24,7 @@ from mindspore import nn, ops
 from .. import _build, _math
 from . import register
 from .base import Backend
-from .common import custom_reg_info
+from .common import DISPATCH_LOCK, SerializedDispatch, custom_reg_info
 
 _logger = logging.getLogger("ms_kldiv")
 
@@ -177,7 +177,7 @@ class AotBackend(Backend):
         cell = self._kernels(reduction, log_target)
         if cell.target == "CPU" and HostCall.supported():
             return HostCall(cell.fwd, cell.lib_path, symbol("Fwd", reduction, log_target), reduction)
-        return cell.fwd
+        return SerializedDispatch(cell.fwd)
 
     def make_graph_op(self, reduction, log_target):
         cell = self._kernels(reduction, log_target)
@@ -240,7 +240,8 @@ class HostCall:
 
     def __call__(self, x, t):
         if self._executor.requires_grad():
-            return self.prim(x, t)
+            with DISPATCH_LOCK:
+                return self.prim(x, t)
         return ms.Tensor.from_numpy(self.run(x.asnumpy(), t.asnumpy()))
 
     def run(self, a, b):

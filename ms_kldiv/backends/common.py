@@ -6,12 +6,31 @@ gradients, and the registration info of a Custom op.
 the core, so MindSpore's own autodiff sums gradients back to each operand's shape and dtype; the core sees
 two same-shaped operands of one compute dtype.
 """
+import threading
+
 import mindspore as ms
 from mindspore import nn, ops
 from mindspore.ops import constexpr
 
 from .. import _math
 from .._validation import HALF_DTYPES, kldiv_broadcast_shape
+
+
+# MindSpore 2.10 dispatches a PyNative Custom op (aot, hybrid) through state shared by every thread: two threads
+# calling Custom ops at once can each get the other's result (built-in ops are safe). PyNative calls of the ops
+# built on Custom hold this lock while they dispatch (not while the kernel runs); compiled graphs are unaffected.
+DISPATCH_LOCK = threading.RLock()
+
+
+class SerializedDispatch:
+    """A PyNative op whose dispatch holds ``DISPATCH_LOCK``; ``prim`` is the wrapped op."""
+
+    def __init__(self, prim):
+        self.prim = prim
+
+    def __call__(self, x, t):
+        with DISPATCH_LOCK:
+            return self.prim(x, t)
 
 
 @constexpr
@@ -71,6 +90,16 @@ class KLDivWrapper(nn.Cell):
         if None in shape or 0 in shape:
             # Compiled CPU BroadcastTo refuses an empty target shape, and dynamic dims are only known at run
             # time: arithmetic broadcasting handles both (and its gradient sums back).
+            # Every gradient of an empty broadcast is a sum of nothing, 0; autodiff's sum back through the broadcast
+            # would run CPU ReduceSum on an empty tensor, which returns garbage. So the operands are cut from the
+            # gradient when the broadcast is empty: known at compile time, or (unknown dims) at run time.
+            if 0 in shape:
+                x = ops.stop_gradient(x)
+                t = ops.stop_gradient(t)
+            elif sx != st:
+                nonempty = ops.prod(ops.cast(ops.dyn_shape(ops.zeros_like(x) + ops.zeros_like(t)), ms.float32)) > 0
+                x = ops.where(nonempty, x, ops.stop_gradient(x))
+                t = ops.where(nonempty, t, ops.stop_gradient(t))
             if sx != st:
                 x = x + ops.zeros_like(t)
                 t = t + ops.zeros_like(x)
@@ -91,6 +120,9 @@ class KLDivWrapper(nn.Cell):
             out = self.core(x, t)
         if self.reduction != "none":
             out = ops.reshape(out, ())
+            if None in shape and not self.core_scales:
+                # Unknown dims may be 0 at run time, and CPU ReduceSum of an empty tensor returns garbage.
+                out = ops.where(ops.prod(ops.cast(ops.dyn_shape(x), ms.float32)) > 0, out, 0.0)
         if not self.core_scales:
             if self.reduction == "mean":
                 out = out / ops.cast(ops.prod(ops.cast(ops.dyn_shape(x), ms.float64)), out.dtype)
