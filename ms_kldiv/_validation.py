@@ -25,6 +25,12 @@ def check_reduction(reduction, log_target, name="kl_div"):
         raise TypeError(f"For '{name}', 'log_target' must be a bool, but got {type(log_target).__name__}: {log_target!r}.")
 
 
+def check_backend(backend, name="kl_div"):
+    # Before the op cache: a list there raised "unhashable type" instead of this.
+    if not isinstance(backend, str):
+        raise TypeError(f"For '{name}', 'backend' must be a str, but got {type(backend).__name__}: {backend!r}.")
+
+
 def legacy_reduction(size_average, reduce, reduction, name="kl_div"):
     """Map PyTorch's deprecated ``size_average``/``reduce`` onto ``reduction`` (they override it)."""
     if size_average is None and reduce is None:

@@ -47,6 +47,7 @@ def kl_div(input, target, reduction="mean", log_target=False, *, backend="auto",
     """
     reduction = _validation.legacy_reduction(size_average, reduce, reduction)
     _validation.check_reduction(reduction, log_target)
+    _validation.check_backend(backend)
     op = get_op(backend, reduction, log_target, compiled(input))
     return op(*promoted_operands(input, target))
 

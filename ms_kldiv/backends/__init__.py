@@ -120,8 +120,6 @@ def _make_op(backend_name, device, reduction, log_target, graph):
 def get_op(backend, reduction, log_target, graph=False):
     """The op for these settings on the current device; created once and reused. ``graph``: the op is for
     compiled code (see ``compiled``)."""
-    if not isinstance(backend, str):
-        resolve(backend)  # the documented TypeError (the cache below would raise "unhashable type" for a list)
     return _make_op(backend, _device_target_const(), reduction, log_target, graph)
 
 

@@ -1,7 +1,7 @@
 """``python -m ms_kldiv.bench fused-linear``: time and peak memory of one forward+backward of a student head trained
 against a teacher, chunked (FusedLinearDistillationLoss) against the unchunked composition (logits of both heads,
-then distillation_loss), and torch's unchunked composition when torch is importable; plus one GRAPH_MODE training
-step. Each row runs in its own child process, so its peak memory (the kernel's high-water mark of the resident set,
+then distillation_loss; ``composition_unfused``: the same with the loss as two log_softmax and kl_div, what
+distillation_loss was before its fused kernel), and torch's unchunked composition when torch is importable. Each row runs in its own child process, so its peak memory (the kernel's high-water mark of the resident set,
 reset after the inputs exist) is the row's alone."""
 import argparse
 import json
@@ -11,7 +11,7 @@ import sys
 import time
 
 SIZES = ((4096, 1024, 32000), (1024, 2048, 151936))
-ROWS = ("fused", "composition", "torch")
+ROWS = ("fused", "composition", "composition_unfused", "torch")
 
 
 def _reset_peak():
@@ -42,6 +42,7 @@ def _ms_step(row, arrays, dtype_name, temperature, chunk_size, graph):
     import mindspore as ms
     from mindspore import nn, ops
     import ms_kldiv
+    from ms_kldiv.distillation import _compose
     dtype = getattr(ms, dtype_name)
     tensors = [ms.Tensor(a).astype(dtype) for a in arrays]
 
@@ -60,6 +61,8 @@ def _ms_step(row, arrays, dtype_name, temperature, chunk_size, graph):
             def construct(self, hs, ws, ht, wt):
                 s = ops.matmul(hs, ops.transpose(ws, (1, 0)))
                 t = ops.stop_gradient(ops.matmul(ht, ops.transpose(wt, (1, 0))))
+                if row == "composition_unfused":  # two log_softmax + kl_div, as before the fused kernel
+                    return _compose(s, t, temperature, "batchmean", 0.0, None, -100, "aot", s.dtype)
                 return ms_kldiv.distillation_loss(s, t, temperature)
     grad_fn = ms.value_and_grad(Net(), grad_position=(0, 1))
     if graph:

@@ -51,6 +51,7 @@ class KLDivLoss(nn.Cell):
         super().__init__()
         reduction = _validation.legacy_reduction(size_average, reduce, reduction, "KLDivLoss")
         _validation.check_reduction(reduction, log_target, "KLDivLoss")
+        _validation.check_backend(backend, "KLDivLoss")
         self.reduction = reduction
         self.log_target = log_target
         self.backend = backend
