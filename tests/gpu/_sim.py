@@ -51,7 +51,7 @@ def _cache_root():
 
 def build(sources=None, extra_flags=()):
     """Path of the stand-in library built from ``sources`` (default: custom_ops/gpu/*.cu)."""
-    sources = sorted(sources or glob.glob(os.path.join(SRC, "gpu", "*.cu")))
+    sources = sorted(os.path.abspath(p) for p in (sources or glob.glob(os.path.join(SRC, "gpu", "*.cu"))))
     headers = sorted(glob.glob(os.path.join(SRC, "common", "*.h")) + glob.glob(os.path.join(SRC, "gpu", "*.cuh"))
                      + glob.glob(os.path.join(SIM, "*.h")))
     flags = FLAGS + list(extra_flags)
@@ -159,14 +159,18 @@ def _garbage(a):
 # ---------------------------------------------------------------------------------------------- dtypes
 def to_bf16_bits(x):
     """float64 -> bfloat16 bit patterns (via float32, round to nearest even)."""
-    u = np.asarray(x, np.float64).astype(np.float32).view(np.uint32).astype(np.uint64)
-    nan = (u & 0x7FFFFFFF) > 0x7F800000
-    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    u = np.atleast_1d(np.asarray(x, np.float64).astype(np.float32)).view(np.uint32).astype(np.uint64)
+    u = u.reshape(np.shape(x))
+    c = lambda v: np.uint64(v)
+    nan = (u & c(0x7FFFFFFF)) > c(0x7F800000)
+    r = ((u + c(0x7FFF) + ((u >> c(16)) & c(1))) >> c(16)).astype(np.uint16)
     return np.where(nan, np.uint16(0x7FFF), r).astype(np.uint16)
 
 
 def bf16_bits_to_f64(b):
-    return (np.asarray(b, np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    b = np.asarray(b, np.uint16)
+    u = np.atleast_1d(b).astype(np.uint32) << np.uint32(16)
+    return u.view(np.float32).astype(np.float64).reshape(b.shape)
 
 
 NP_DTYPES = {"float64": np.float64, "float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}

@@ -1,0 +1,211 @@
+"""custom_ops/gpu/kldiv_cuda.cu executed on the CUDA-on-CPU stand-in (custom_ops/gpu/sim), through the
+same ABI as libkldiv_cuda.so, against the float64 reference: the GPU matrix of test_cuda_kernels.py at
+small sizes (every reduction x target space x dtype x broadcast pattern, empty, NaN/inf/zero mass,
+misaligned views, determinism). The stand-in aborts the child on divergence, barrier, bounds or
+poisoned-shared-memory errors, so every case passing also means none of those happened.
+
+The stand-in reports 2 SMs (grids of at most 16 blocks for elementwise kernels), so grid-stride loops run
+several rounds at these sizes. The fuller matrix (larger sizes, more SM counts) runs with MS_KLDIV_SLOW=1.
+"""
+import os
+
+import numpy as np
+import pytest
+
+from ms_kldiv import reference as ref
+
+import _sim
+
+REASON = _sim.compiler_reason()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"stand-in needs g++: {REASON}")
+SLOW = os.environ.get("MS_KLDIV_SLOW") == "1"
+slow_only = pytest.mark.skipif(not SLOW, reason="fuller stand-in matrix: run with MS_KLDIV_SLOW=1")
+
+DTYPES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16"}
+REDUCTIONS = ("none", "sum", "mean", "batchmean")
+TOL = {"f64": 1e-12, "f32": 1e-5, "f16": 2e-3, "bf16": 1.6e-2}
+# One unit in the last place of the dtype's subnormals: a correctly rounded tiny result (a 'mean' gradient
+# of a 1000-element half tensor) is that far from the exact value whatever the relative tolerance.
+ATOL = {"f64": 2.0 ** -1074, "f32": 2.0 ** -149, "f16": 2.0 ** -24, "bf16": 2.0 ** -133}
+
+
+def close(actual, expected, tol, mag=None, what="", atol=1e-300):
+    actual = np.asarray(actual, np.float64)
+    expected = np.asarray(expected, np.float64)
+    assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
+    assert np.array_equal(np.isnan(actual), np.isnan(expected)), f"{what}: NaN positions differ"
+    inf = np.isinf(expected)
+    assert np.array_equal(actual[inf], expected[inf]), f"{what}: infinities differ"
+    fin = ~(np.isnan(expected) | inf)
+    scale = np.abs(expected) if mag is None else np.abs(expected) + np.abs(mag)
+    err = np.abs(actual - expected)
+    bad = fin & ~(err <= tol * scale + atol)
+    assert not bad.any(), f"{what}: {bad.sum()} elements off, max err {err[fin].max():.3g}"
+
+
+def term_magnitudes(xv, tv, log_target):
+    """Pointwise magnitudes of the terms the kernels round: loss = t * (log t - x) and d/dt = log t - x + 1
+    cancel when log t ~ x, so their error scales with |t| (|log t| + |x|), not with the result."""
+    with np.errstate(all="ignore"):
+        if log_target:
+            p, lt = np.exp(tv), np.abs(tv)
+        else:
+            p, lt = np.abs(tv), np.abs(np.log(np.where(tv > 0, tv, 1.0)))
+        loss = p * (lt + np.abs(xv))
+        dt = (p if log_target else 1.0) * (lt + np.abs(xv) + 1.0)
+        dx = p
+    fix = lambda a: np.where(np.isfinite(a), a, 0.0)
+    return fix(loss), fix(dx), fix(np.broadcast_to(dt, np.broadcast_shapes(xv.shape, tv.shape)))
+
+
+def rounded(x, dtype):
+    return _sim.decode(_sim.encode(x, dtype), dtype)
+
+
+def case_calls(xv, tv, dtype, log_target, offset=0, sms=2, seed=0, reductions=REDUCTIONS):
+    """ABI calls for every reduction: forward, both-gradient backward, each single-gradient backward."""
+    bshape = np.broadcast_shapes(xv.shape, tv.shape)
+    rng = np.random.default_rng(seed)
+    x, t = _sim.encode(xv, dtype), _sim.encode(tv, dtype)
+    calls, meta = [], []
+    for reduction in reductions:
+        w = rounded(rng.normal(size=bshape) if reduction == "none" else np.asarray(rng.normal()), dtype)
+        wd = _sim.encode(w, dtype)
+        out = np.empty(bshape if reduction == "none" else (), x.dtype)
+        base = dict(dtype=dtype, sms=sms)
+        calls.append(dict(base, symbol=_sim.symbol("Fwd", reduction, log_target),
+                          arrays=[(x, offset), (t, offset), (out, offset)], spec=2))
+        calls.append(dict(base, symbol=_sim.symbol("Bwd", reduction, log_target),
+                          arrays=[(x, offset), (t, offset), (wd, offset), (np.empty_like(x), offset),
+                                  (np.empty_like(t), offset)], spec=3))
+        calls.append(dict(base, symbol=_sim.symbol("BwdInput", reduction, log_target),
+                          arrays=[(x, offset), (t, offset), (wd, offset), (np.empty_like(x), offset)], spec=3))
+        calls.append(dict(base, symbol=_sim.symbol("BwdTarget", reduction, log_target),
+                          arrays=[(x, offset), (t, offset), (wd, offset), (np.empty_like(t), offset)], spec=3))
+        meta.append((reduction, w))
+    return calls, meta
+
+
+def check_case(x, t, dtype_id, log_target, offset=0, sms=2, reductions=REDUCTIONS):
+    dtype = DTYPES[dtype_id]
+    xv, tv = rounded(np.asarray(x, np.float64), dtype), rounded(np.asarray(t, np.float64), dtype)
+    calls, meta = case_calls(xv, tv, dtype, log_target, offset, sms, reductions=reductions)
+    results = _sim.run_calls(calls)
+    bshape = np.broadcast_shapes(xv.shape, tv.shape)
+    tol = TOL[dtype_id]
+    for k, (reduction, w) in enumerate(meta):
+        (rc0, (out,), live0), (rc1, (dx, dt), live1), (rc2, (dx1,), _), (rc3, (dt1,), _) = results[4 * k: 4 * k + 4]
+        assert (rc0, rc1, rc2, rc3) == (0, 0, 0, 0), (reduction, rc0, rc1, rc2, rc3)
+        assert live0 == 0 and live1 == 0, "scratch allocations leaked"
+        exp = ref.kl_div(xv, tv, reduction, log_target)
+        loss_m, pdx, pdt = term_magnitudes(xv, tv, log_target)
+        loss_m = np.broadcast_to(loss_m, bshape)
+        s = ref.reduction_scale(reduction, xv.shape, bshape)
+        mag = loss_m if reduction == "none" else loss_m.sum() * abs(s)
+        close(_sim.decode(out, dtype), exp, tol, mag, f"{reduction} value", ATOL[dtype_id])
+        ex, et = ref.kl_div_grads(xv, tv, reduction, log_target, dout=w)
+        g = np.abs(np.broadcast_to(w, bshape)) * (abs(s) if np.isfinite(s) else 1.0)
+        mx = ref.sum_to(np.abs(pdx) * g, xv.shape)
+        mt = ref.sum_to(np.abs(pdt) * g, tv.shape)
+        close(_sim.decode(dx, dtype), ex, tol, mx, f"{reduction} d/dinput", ATOL[dtype_id])
+        close(_sim.decode(dt, dtype), et, tol, mt, f"{reduction} d/dtarget", ATOL[dtype_id])
+        close(_sim.decode(dx1, dtype), ex, tol, mx, f"{reduction} d/dinput alone", ATOL[dtype_id])
+        close(_sim.decode(dt1, dtype), et, tol, mt, f"{reduction} d/dtarget alone", ATOL[dtype_id])
+
+
+def sample(rng, shape, log_target, zero_mass=0.1):
+    x = np.log(rng.uniform(0.01, 1.0, size=shape))
+    t = rng.uniform(0.0, 1.0, size=shape)
+    if zero_mass:
+        t = np.where(rng.uniform(size=shape) < zero_mass, 0.0, t)
+    if log_target:
+        with np.errstate(divide="ignore"):
+            t = np.log(t)
+    return x, t
+
+
+def operands(xs, ts, log_target, seed):
+    rng = np.random.default_rng(seed)
+    bshape = np.broadcast_shapes(xs, ts)
+    x, t = sample(rng, bshape, log_target)
+    pick = lambda a, s: a[tuple(slice(0, n) for n in (1,) * (len(bshape) - len(s)) + s)].reshape(s) \
+        if s else np.asarray(a.reshape(-1)[0])
+    return pick(x, xs), pick(t, ts)
+
+
+BROADCASTS = [
+    ((), ()), ((7,), ()), ((), (7,)), ((4, 5), (4, 5)), ((4, 1, 3), (5, 3)), ((1, 5), (3, 1)),
+    ((5,), (2, 3, 5)), ((2, 3, 4, 5), (3, 1, 5)), ((33, 17), (33, 17)), ((1,), (6,)),
+    ((8, 100), (100,)),              # a shared target row: segmented reduction, one block per kept element
+    ((3, 1), (3, 4097)),             # few kept elements, long reduction: split + ordered finalize
+]
+
+
+@pytest.mark.parametrize("log_target", [False, True], ids=["prob", "logt"])
+@pytest.mark.parametrize("dtype_id", list(DTYPES))
+@pytest.mark.parametrize("xs, ts", BROADCASTS, ids=[f"{a}x{b}" for a, b in BROADCASTS])
+def test_broadcast_patterns(xs, ts, dtype_id, log_target):
+    x, t = operands(xs, ts, log_target, sum(xs) * 31 + sum(ts))
+    check_case(x, t, dtype_id, log_target)
+
+
+@pytest.mark.parametrize("dtype_id", list(DTYPES))
+@pytest.mark.parametrize("xs, ts", [((0,), (0,)), ((2, 0), (0,)), ((0, 3), (3,)), ((1, 3), (0, 3))])
+def test_empty(xs, ts, dtype_id):
+    """'sum' of nothing is 0, 'mean' NaN, 'batchmean' NaN only when input.shape[0] == 0; gradients 0."""
+    check_case(np.zeros(xs), np.zeros(ts), dtype_id, False)
+
+
+@pytest.mark.parametrize("dtype_id", list(DTYPES))
+def test_zero_mass_and_nan(dtype_id):
+    inf, nan = np.inf, np.nan
+    x = [0.5, -inf, inf, -2.0, -inf, 1e4, -0.7, nan, 0.3, nan]
+    t = [0.0, 0.0, 0.0, -0.5, -inf, -3.0, 0.25, 0.5, nan, 0.0]
+    check_case(x, t, dtype_id, False)
+    tl = [-inf, -inf, -inf, -inf, -inf, -1.5, 0.0, -0.5, nan, -inf]
+    check_case(x, tl, dtype_id, True)
+
+
+@pytest.mark.parametrize("dtype_id", ["f32", "f16", "f64"])
+@pytest.mark.parametrize("offset", [0, 1, 3])
+def test_misaligned_views(dtype_id, offset):
+    """Operands that start off a 16-byte boundary take the scalar path; only the operands' own bytes are
+    registered with the stand-in, so a vector load past a view's end would abort."""
+    x, t = sample(np.random.default_rng(offset), (1027 + offset,), False)
+    check_case(x, t, dtype_id, False, offset=offset)
+
+
+def test_deterministic():
+    """No atomics: repeated runs (and other SM counts, which change only elementwise grids) give
+    bit-identical reductions."""
+    x, t = sample(np.random.default_rng(9), (20_001,), False)
+    xb, tb = x[:6000].reshape(60, 100), t[:100]
+    xv, tv = _sim.encode(x, "float32"), _sim.encode(t, "float32")
+    fwd = dict(symbol="KLDivFwdSumProb", dtype="float32", arrays=[(xv, 0), (tv, 0), (np.zeros((), np.float32), 0)],
+               spec=2)
+    xbv, tbv = _sim.encode(xb, "float32"), _sim.encode(tb, "float32")
+    bwd = dict(symbol="KLDivBwdTargetNoneProb", dtype="float32",
+               arrays=[(xbv, 0), (tbv, 0), (np.ones(xb.shape, np.float32), 0), (np.zeros(100, np.float32), 0)],
+               spec=3)
+    calls = [dict(fwd), dict(fwd), dict(bwd), dict(bwd), dict(fwd, sms=7), dict(bwd, sms=7)]
+    r = _sim.run_calls(calls)
+    r2 = _sim.run_calls(calls[:1])
+    outs = [res[1][0].tobytes() for res in r]
+    assert outs[0] == outs[1] == outs[4] == r2[0][1][0].tobytes()
+    assert outs[2] == outs[3] == outs[5]
+    close(r[0][1][0], ref.kl_div(xv.astype(np.float64), tv.astype(np.float64), "sum"), 1e-6)
+
+
+def test_lib_info():
+    info = _sim.run_calls([dict(symbol="__info__", arrays=[], dtype="")])[0]
+    assert "ABI 1" in info and "CUDA" in info and "stand-in" in info, info
+
+
+@slow_only
+@pytest.mark.parametrize("sms", [1, 3, 80])
+@pytest.mark.parametrize("dtype_id", list(DTYPES))
+@pytest.mark.parametrize("xs, ts", [((70_001,), (70_001,)), ((64, 1, 257), (3, 257)), ((2, 1), (2, 70_000)),
+                                     ((300, 40), (40,))])
+def test_larger_sizes_slow(xs, ts, dtype_id, sms):
+    x, t = operands(xs, ts, False, 5)
+    check_case(x, t, dtype_id, False, sms=sms)
