@@ -94,6 +94,7 @@ for call in calls:
         continue
     if "sms" in call:
         lib.cudasim_set_sms(call["sms"])
+    lib.cudasim_set_reverse(int(call.get("reverse", False)))
     # Each operand in its own buffer with an optional element offset; only the operand's bytes are
     # registered, so the kernel may touch nothing else.
     bufs, views = [], []

@@ -176,8 +176,8 @@ def test_misaligned_views(dtype_id, offset):
 
 
 def test_deterministic():
-    """No atomics: repeated runs (and other SM counts, which change only elementwise grids) give
-    bit-identical reductions."""
+    """No atomics: repeated runs, other SM counts (which change only elementwise grids) and the reverse
+    thread schedule give bit-identical reductions."""
     x, t = sample(np.random.default_rng(9), (20_001,), False)
     xb, tb = x[:6000].reshape(60, 100), t[:100]
     xv, tv = _sim.encode(x, "float32"), _sim.encode(t, "float32")
@@ -187,12 +187,13 @@ def test_deterministic():
     bwd = dict(symbol="KLDivBwdTargetNoneProb", dtype="float32",
                arrays=[(xbv, 0), (tbv, 0), (np.ones(xb.shape, np.float32), 0), (np.zeros(100, np.float32), 0)],
                spec=3)
-    calls = [dict(fwd), dict(fwd), dict(bwd), dict(bwd), dict(fwd, sms=7), dict(bwd, sms=7)]
+    calls = [dict(fwd), dict(fwd), dict(bwd), dict(bwd), dict(fwd, sms=7), dict(bwd, sms=7),
+             dict(fwd, reverse=True), dict(bwd, reverse=True)]
     r = _sim.run_calls(calls)
     r2 = _sim.run_calls(calls[:1])
     outs = [res[1][0].tobytes() for res in r]
-    assert outs[0] == outs[1] == outs[4] == r2[0][1][0].tobytes()
-    assert outs[2] == outs[3] == outs[5]
+    assert outs[0] == outs[1] == outs[4] == outs[6] == r2[0][1][0].tobytes()
+    assert outs[2] == outs[3] == outs[5] == outs[7]
     close(r[0][1][0], ref.kl_div(xv.astype(np.float64), tv.astype(np.float64), "sum"), 1e-6)
 
 

@@ -8,13 +8,15 @@
 //   * warps of 32 lanes: the *_sync warp operations exchange values only among the lanes in the mask; each
 //     lane waits until every mask lane arrived at the same call (same return address); a mask lane that
 //     returned, waits elsewhere or does not exist is a hard error (divergence).
-//   * __shared__ variables live in one linker section, poisoned (0xFF bytes: NaN) at every block start;
-//     a read of a shared byte nobody wrote since, or one written by another thread with no barrier
-//     between, is a hard error.
+//   * __shared__ variables are static locals, so they live in the .bss of the library (CUDA forbids
+//     initializers on them), where nothing else is touched by kernel code: every .bss byte a kernel
+//     writes counts as shared memory. Per block, a read of a shared byte no thread of the block wrote, or
+//     one written by another thread with no __syncthreads() between, is a hard error; bytes ever written
+//     are poisoned (0xFF: NaN) at each block start as well.
 //   * global memory: every load/store of the kernel translation unit is instrumented by
 //     -fsanitize=kernel-address (callbacks below); inside a kernel an address must lie in a registered
 //     allocation (cudaMalloc*, or cudasim_register from a harness), in the running fiber's stack or in
-//     the shared section, else hard error.
+//     .bss (shared memory), else hard error.
 //   * streams, events, async copies/memsets/allocations are immediate host operations.
 // Hard errors print "cudasim: ..." with the kernel name, block and thread, and abort: run it in a child
 // process.
@@ -39,13 +41,14 @@
 #define __host__
 #define __forceinline__ inline __attribute__((always_inline))
 #define __launch_bounds__(...)
-#define __shared__ __attribute__((section("cudasim_shared"), aligned(16))) static
+#define __shared__ static
 #define CUDART_VERSION CPU-stand-in
 #define CUDASIM_API extern "C" __attribute__((visibility("default"), used))
 #define CUDASIM_NOASAN __attribute__((no_sanitize_address, noinline))
 
-extern "C" char __start_cudasim_shared[] __attribute__((weak, visibility("hidden")));
-extern "C" char __stop_cudasim_shared[] __attribute__((weak, visibility("hidden")));
+// This library's .bss (linker-defined; -Wl,-Bsymbolic binds them to the library's own).
+extern "C" char __bss_start[];
+extern "C" char _end[];
 
 struct uint3 {
   unsigned x, y, z;
@@ -98,9 +101,11 @@ struct Sim {
   int nthreads = 0, done = 0, at_barrier = 0;
   uint3 block;
   uint32_t epoch = 0;  // barrier generation within the block
-  std::vector<int32_t> sh_writer;  // per shared byte: writing thread, -1 unwritten
+  std::vector<int32_t> sh_writer;  // per .bss byte: writing thread in this block, -1 unwritten
   std::vector<uint32_t> sh_epoch;
+  std::vector<uint8_t> sh_ever;    // per .bss byte: ever written by a kernel (poisoned at block start)
   int sms = 2;
+  bool reverse = false;  // resume ready threads from the last one down (another legal schedule)
   void (*entry)(void*) = nullptr;
   void* entry_arg = nullptr;
 };
@@ -139,20 +144,21 @@ CUDASIM_NOASAN static void yield_to_scheduler() {
 }
 
 // ------------------------------------------------------------------------------------------ memory checks
-static size_t shared_bytes() { return __start_cudasim_shared ? (size_t)(__stop_cudasim_shared - __start_cudasim_shared) : 0; }
+static size_t shared_bytes() { return (size_t)(_end - __bss_start); }
 
 CUDASIM_NOASAN static void check_access(uintptr_t a, size_t n, bool store) {
   if (!g.in_kernel || !g.cur || g.checking) return;  // host code, or the checker's own std:: calls
   SimCode guard;
   char buf[512];
-  const uintptr_t sh = (uintptr_t)__start_cudasim_shared;
-  if (sh && a >= sh && a + n <= sh + shared_bytes()) {
+  const uintptr_t sh = (uintptr_t)__bss_start;
+  if (a >= sh && a + n <= sh + shared_bytes()) {
     for (size_t i = a - sh; i < a - sh + n; ++i) {
       if (store) {
         g.sh_writer[i] = g.cur->linear;
         g.sh_epoch[i] = g.epoch;
+        g.sh_ever[i] = 1;
       } else if (g.sh_writer[i] < 0) {
-        snprintf(buf, sizeof buf, "read of unwritten shared memory (byte %zu of the shared section)", i);
+        snprintf(buf, sizeof buf, "read of unwritten shared memory (.bss byte %zu)", i);
         fail(buf);
       } else if (g.sh_writer[i] != g.cur->linear && g.sh_epoch[i] == g.epoch) {
         snprintf(buf, sizeof buf,
@@ -177,7 +183,6 @@ CUDASIM_NOASAN static void check_access(uintptr_t a, size_t n, bool store) {
   const char* where = "";
   for (auto& f : g.fibers)
     if (a >= (uintptr_t)f.stack && a < (uintptr_t)f.stack + kStack) where = ", in another thread's stack";
-  if (sh && a >= sh - 64 && a < sh + shared_bytes() + 64) where = ", next to the shared section";
   snprintf(buf, sizeof buf, "out-of-bounds %s of %zu bytes at %p (no registered allocation holds it%s)",
            store ? "write" : "read", n, (void*)a, where);
   fail(buf);
@@ -252,7 +257,9 @@ CUDASIM_NOASAN static void run_block(uint3 b, dim3 grid, dim3 block) {
   g.done = g.at_barrier = 0;
   g.epoch = 0;
   const size_t sb = shared_bytes();
-  if (sb) memset(__start_cudasim_shared, 0xFF, sb);
+  if (g.sh_ever.size() != sb) g.sh_ever.assign(sb, 0);
+  for (size_t i = 0; i < sb; ++i)
+    if (g.sh_ever[i]) __bss_start[i] = (char)0xFF;
   g.sh_writer.assign(sb, -1);
   g.sh_epoch.assign(sb, 0);
   for (int i = 0; i < g.nthreads; ++i) {
@@ -270,8 +277,8 @@ CUDASIM_NOASAN static void run_block(uint3 b, dim3 grid, dim3 block) {
   (void)grid;
   while (g.done < g.nthreads) {
     bool progress = false;
-    for (int i = 0; i < g.nthreads; ++i) {
-      Fiber& f = g.fibers[i];
+    for (int k = 0; k < g.nthreads; ++k) {
+      Fiber& f = g.fibers[g.reverse ? g.nthreads - 1 - k : k];
       if (f.state != kReady) continue;
       progress = true;
       g.cur = &f;
@@ -532,6 +539,7 @@ static cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned = 0) 
 CUDASIM_API void cudasim_register(void* p, size_t n) { cudasim::g.allocs[(uintptr_t)p] = n; }
 CUDASIM_API void cudasim_unregister(void* p) { cudasim::g.allocs.erase((uintptr_t)p); }
 CUDASIM_API void cudasim_set_sms(int n) { cudasim::g.sms = n; }
+CUDASIM_API void cudasim_set_reverse(int r) { cudasim::g.reverse = r != 0; }
 CUDASIM_API int cudasim_live_allocations(void) { return (int)cudasim::g.allocs.size(); }
 
 // -fsanitize=kernel-address callbacks (the _noabort names: kernel-address recovers by default).
