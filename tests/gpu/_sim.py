@@ -83,8 +83,10 @@ import ctypes, pickle, sys
 import numpy as np
 lib_path, calls = pickle.load(sys.stdin.buffer)
 lib = ctypes.CDLL(lib_path)
-lib.cudasim_register.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-lib.cudasim_unregister.argtypes = [ctypes.c_void_p]
+sim = hasattr(lib, "cudasim_register")  # else another library of the same ABI (the CPU one)
+if sim:
+    lib.cudasim_register.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    lib.cudasim_unregister.argtypes = [ctypes.c_void_p]
 results = []
 for call in calls:
     symbol, arrays, dtype, spec = call["symbol"], call["arrays"], call["dtype"], call.get("spec")
@@ -92,9 +94,9 @@ for call in calls:
         lib.KLDivLibInfo.restype = ctypes.c_char_p
         results.append(lib.KLDivLibInfo().decode())
         continue
-    if "sms" in call:
-        lib.cudasim_set_sms(call["sms"])
-    lib.cudasim_set_reverse(int(call.get("reverse", False)))
+    if sim:
+        lib.cudasim_set_sms(call.get("sms", 2))
+        lib.cudasim_set_reverse(int(call.get("reverse", False)))
     # Each operand in its own buffer with an optional element offset; only the operand's bytes are
     # registered, so the kernel may touch nothing else.
     bufs, views = [], []
@@ -107,7 +109,7 @@ for call in calls:
         views.append(v)
     n = len(views)
     for v in views:
-        if v.nbytes:
+        if v.nbytes and sim:
             lib.cudasim_register(ctypes.c_void_p(v.ctypes.data), v.nbytes)
     params = (ctypes.c_void_p * n)(*[v.ctypes.data for v in views])
     ndims = (ctypes.c_int * n)(*[v.ndim for v in views])
@@ -118,9 +120,9 @@ for call in calls:
     fn.restype = ctypes.c_int
     rc = fn(ctypes.c_int(n), params, ndims, shapes, dtypes, ctypes.c_void_p(0), ctypes.c_void_p(0))
     for v in views:
-        if v.nbytes:
+        if v.nbytes and sim:
             lib.cudasim_unregister(ctypes.c_void_p(v.ctypes.data))
-    leaked = lib.cudasim_live_allocations()
+    leaked = lib.cudasim_live_allocations() if sim else 0
     results.append((rc, [v.copy() for v in views[spec:]], leaked))
 sys.stdout.buffer.write(pickle.dumps(results))
 """

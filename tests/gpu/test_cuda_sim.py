@@ -113,6 +113,38 @@ def check_case(x, t, dtype_id, log_target, offset=0, sms=2, reductions=REDUCTION
         close(_sim.decode(dt1, dtype), et, tol, mt, f"{reduction} d/dtarget alone", ATOL[dtype_id])
 
 
+@pytest.mark.parametrize("log_target", [False, True], ids=["prob", "logt"])
+@pytest.mark.parametrize("dtype_id", list(DTYPES))
+@pytest.mark.parametrize("xs, ts", [((33, 17), (33, 17)), ((4, 1, 3), (5, 3)), ((3, 1), (3, 4097))])
+def test_matches_cpu_library(xs, ts, dtype_id, log_target):
+    """The stand-in's results and libkldiv_cpu.so's, through the same ABI calls, agree within the dtype's
+    tolerance (their summation orders differ, so not bit for bit)."""
+    from ms_kldiv import _build
+    dtype = DTYPES[dtype_id]
+    x, t = operands(xs, ts, log_target, 3)
+    xv, tv = rounded(x, dtype), rounded(t, dtype)
+    calls, meta = case_calls(xv, tv, dtype, log_target)
+    sim = _sim.run_calls(calls)
+    cpu = _sim.run_calls(calls, lib_path=_build.ensure_library("CPU"))
+    loss_m, pdx, pdt = term_magnitudes(xv, tv, log_target)
+    bshape = np.broadcast_shapes(xv.shape, tv.shape)
+    for k, (call, a, b) in enumerate(zip(calls, sim, cpu)):
+        assert a[0] == b[0] == 0, (call["symbol"], a[0], b[0])
+        reduction = meta[k // 4][0]
+        s = ref.reduction_scale(reduction, xv.shape, bshape)
+        s = abs(s) if np.isfinite(s) else 1.0
+        w = np.abs(np.broadcast_to(meta[k // 4][1], bshape))
+        for j, (u, v) in enumerate(zip(a[1], b[1])):
+            if k % 4 == 0:
+                m = np.broadcast_to(loss_m, bshape) if reduction == "none" else loss_m.sum() * s
+            else:
+                which = "t" if (k % 4 == 3 or j == 1) else "x"
+                pm = pdt if which == "t" else pdx
+                m = ref.sum_to(np.broadcast_to(pm, bshape) * w * s, (tv if which == "t" else xv).shape)
+            close(_sim.decode(u, dtype), _sim.decode(v, dtype), 2 * TOL[dtype_id], m,
+                  f"{call['symbol']} output {j}: stand-in vs CPU library", 2 * ATOL[dtype_id])
+
+
 def sample(rng, shape, log_target, zero_mass=0.1):
     x = np.log(rng.uniform(0.01, 1.0, size=shape))
     t = rng.uniform(0.0, 1.0, size=shape)
