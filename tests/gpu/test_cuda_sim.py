@@ -15,6 +15,7 @@ import pytest
 from ms_kldiv import reference as ref
 
 import _sim
+from _gpu_checks import ATOL, TOL, close, sample, term_magnitudes
 
 REASON = _sim.compiler_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"stand-in needs g++: {REASON}")
@@ -23,39 +24,6 @@ slow_only = pytest.mark.skipif(not SLOW, reason="fuller stand-in matrix: run wit
 
 DTYPES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16"}
 REDUCTIONS = ("none", "sum", "mean", "batchmean")
-TOL = {"f64": 1e-12, "f32": 1e-5, "f16": 2e-3, "bf16": 1.6e-2}
-# One unit in the last place of the dtype's subnormals: a correctly rounded tiny result (a 'mean' gradient
-# of a 1000-element half tensor) is that far from the exact value whatever the relative tolerance.
-ATOL = {"f64": 2.0 ** -1074, "f32": 2.0 ** -149, "f16": 2.0 ** -24, "bf16": 2.0 ** -133}
-
-
-def close(actual, expected, tol, mag=None, what="", atol=1e-300):
-    actual = np.asarray(actual, np.float64)
-    expected = np.asarray(expected, np.float64)
-    assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
-    assert np.array_equal(np.isnan(actual), np.isnan(expected)), f"{what}: NaN positions differ"
-    inf = np.isinf(expected)
-    assert np.array_equal(actual[inf], expected[inf]), f"{what}: infinities differ"
-    fin = ~(np.isnan(expected) | inf)
-    scale = np.abs(expected) if mag is None else np.abs(expected) + np.abs(mag)
-    err = np.abs(actual - expected)
-    bad = fin & ~(err <= tol * scale + atol)
-    assert not bad.any(), f"{what}: {bad.sum()} elements off, max err {err[fin].max():.3g}"
-
-
-def term_magnitudes(xv, tv, log_target):
-    """Pointwise magnitudes of the terms the kernels round: loss = t * (log t - x) and d/dt = log t - x + 1
-    cancel when log t ~ x, so their error scales with |t| (|log t| + |x|), not with the result."""
-    with np.errstate(all="ignore"):
-        if log_target:
-            p, lt = np.exp(tv), np.abs(tv)
-        else:
-            p, lt = np.abs(tv), np.abs(np.log(np.where(tv > 0, tv, 1.0)))
-        loss = p * (lt + np.abs(xv))
-        dt = (p if log_target else 1.0) * (lt + np.abs(xv) + 1.0)
-        dx = p
-    fix = lambda a: np.where(np.isfinite(a), a, 0.0)
-    return fix(loss), fix(dx), fix(np.broadcast_to(dt, np.broadcast_shapes(xv.shape, tv.shape)))
 
 
 def rounded(x, dtype):
@@ -143,17 +111,6 @@ def test_matches_cpu_library(xs, ts, dtype_id, log_target):
                 m = ref.sum_to(np.broadcast_to(pm, bshape) * w * s, (tv if which == "t" else xv).shape)
             close(_sim.decode(u, dtype), _sim.decode(v, dtype), 2 * TOL[dtype_id], m,
                   f"{call['symbol']} output {j}: stand-in vs CPU library", 2 * ATOL[dtype_id])
-
-
-def sample(rng, shape, log_target, zero_mass=0.1):
-    x = np.log(rng.uniform(0.01, 1.0, size=shape))
-    t = rng.uniform(0.0, 1.0, size=shape)
-    if zero_mass:
-        t = np.where(rng.uniform(size=shape) < zero_mass, 0.0, t)
-    if log_target:
-        with np.errstate(divide="ignore"):
-            t = np.log(t)
-    return x, t
 
 
 def operands(xs, ts, log_target, seed):
