@@ -192,9 +192,9 @@ def test_lib_info():
 
 
 @slow_only
-@pytest.mark.parametrize("sms", [1, 3, 80])
+@pytest.mark.parametrize("sms", [1, 80])
 @pytest.mark.parametrize("dtype_id", list(DTYPES))
-@pytest.mark.parametrize("xs, ts", [((70_001,), (70_001,)), ((64, 1, 257), (3, 257)), ((2, 1), (2, 70_000)),
+@pytest.mark.parametrize("xs, ts", [((70_001,), (70_001,)), ((16, 1, 257), (3, 257)), ((2, 1), (2, 70_000)),
                                      ((300, 40), (40,))])
 def test_larger_sizes_slow(xs, ts, dtype_id, sms):
     x, t = operands(xs, ts, False, 5)

@@ -132,6 +132,18 @@ def test_broken_kernel_is_caught(kernels_lib, which, reverse, message):
     assert "kernel " in proc.stderr and "thread (" in proc.stderr, proc.stderr[-2000:]
 
 
+def test_two_translation_units_share_the_stand_in():
+    """Several .cu files in one stand-in library (as custom_ops/gpu/*.cu are built) share one state: a
+    kernel of one file runs clean and the other file's conversions are there."""
+    lib = _sim.build([os.path.join(HERE, "sim_cases", "kernels.cu"), os.path.join(HERE, "sim_cases", "convert.cu")])
+    proc = run_case(lib, 0)
+    assert proc.returncode == 0, proc.stderr
+    assert float(proc.stdout.split()[0]) == float(np.sum(np.arange(5000) % 7 - 2.5))
+    proc = run_case(lib, 6)
+    assert "out-of-bounds write" in proc.stderr, proc.stderr
+    assert hasattr(ctypes.CDLL(lib), "float_to_bf16")
+
+
 _WARP = r"""
 import ctypes, sys, numpy as np
 lib = ctypes.CDLL(sys.argv[1])

@@ -1,7 +1,8 @@
 // CUDA-on-CPU stand-in: lets g++ compile a .cu file (whose launches go through KLDIV_LAUNCH, see
 // ../kldiv_launch.cuh) and run its kernels on the host, checking what a GPU would not report.
 //
-// Model. Blocks of a grid run one after another; a block's threads are ucontext fibers scheduled
+// Model. Blocks of a grid run one after another; a block's threads are fibers (a register-only switch on
+// x86-64, ucontext elsewhere: swapcontext's signal-mask syscall made it 20x slower) scheduled
 // cooperatively (a fiber runs until it waits at a barrier or a warp operation, or returns).
 //   * __syncthreads() is a real barrier; a thread that returns while others wait there, or a block where
 //     nobody can proceed, is a hard error.
@@ -19,7 +20,7 @@
 //     .bss (shared memory), else hard error.
 //   * streams, events, async copies/memsets/allocations are immediate host operations.
 // Hard errors print "cudasim: ..." with the kernel name, block and thread, and abort: run it in a child
-// process.
+// process. State and functions are inline (one copy per library), so several .cu files can share it.
 #pragma once
 
 #include <stddef.h>
@@ -28,6 +29,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <ucontext.h>
+
+#if defined(__x86_64__) && !defined(CUDASIM_UCONTEXT)
+#define CUDASIM_FAST_SWITCH 1
+#else
+#define CUDASIM_FAST_SWITCH 0
+#endif
 
 #include <map>
 #include <tuple>
@@ -43,7 +50,7 @@
 #define __launch_bounds__(...)
 #define __shared__ static
 #define CUDART_VERSION CPU-stand-in
-#define CUDASIM_API extern "C" __attribute__((visibility("default"), used))
+#define CUDASIM_API extern "C" __attribute__((visibility("default"), used)) inline
 #define CUDASIM_NOASAN __attribute__((no_sanitize_address, noinline))
 
 // This library's .bss (linker-defined; -Wl,-Bsymbolic binds them to the library's own).
@@ -67,6 +74,41 @@ typedef struct CUevent_st* cudaEvent_t;
 
 namespace cudasim {
 
+#if CUDASIM_FAST_SWITCH
+// cudasim_switch(save, to): push the callee-saved registers and the SSE/x87 control words, store the stack
+// pointer in *save, load `to`, pop and return into the other context.
+// Local to each translation unit (several .cu files may include this header).
+extern "C" __attribute__((visibility("hidden"))) void cudasim_switch(void** save, void* to);
+asm(R"(
+  .text
+  .local cudasim_switch
+  .type cudasim_switch, @function
+cudasim_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size cudasim_switch, .-cudasim_switch
+)");
+#endif
+
 constexpr int kWarp = 32;
 constexpr size_t kStack = 64 * 1024;
 
@@ -74,7 +116,11 @@ enum State { kReady, kAtBarrier, kAtWarpOp, kDone };
 enum WarpOp { kShflDown, kShflUp, kShflXor, kShflIdx, kBallot, kAny, kAll };
 
 struct Fiber {
+#if CUDASIM_FAST_SWITCH
+  void* sp = nullptr;
+#else
   ucontext_t ctx;
+#endif
   char* stack = nullptr;
   State state = kReady;
   uint3 tid;
@@ -91,7 +137,11 @@ struct Fiber {
 struct Sim {
   std::map<uintptr_t, size_t> allocs;  // base -> bytes
   std::vector<Fiber> fibers;
+#if CUDASIM_FAST_SWITCH
+  void* sched_sp = nullptr;
+#else
   ucontext_t sched;
+#endif
   Fiber* cur = nullptr;
   const char* kernel = nullptr;
   bool in_kernel = false;
@@ -110,15 +160,15 @@ struct Sim {
   void* entry_arg = nullptr;
 };
 
-static Sim g;
+inline Sim g;
 // The built-in variables, one struct so the bounds check can let kernels read it.
 struct Builtins {
   uint3 threadIdx, blockIdx;
   dim3 blockDim, gridDim;
 };
-static Builtins bi;
+inline Builtins bi;
 
-[[noreturn]] static void fail(const char* what) {
+[[noreturn]] inline void fail(const char* what) {
   fprintf(stderr, "cudasim: %s", what);
   if (g.in_kernel && g.cur)
     fprintf(stderr, " [kernel %s, block (%u,%u,%u), thread (%u,%u,%u)]", g.kernel, g.block.x, g.block.y, g.block.z,
@@ -137,16 +187,24 @@ struct SimCode {
   __attribute__((no_sanitize_address, always_inline)) ~SimCode() { g.checking = was; }
 };
 
-CUDASIM_NOASAN static void yield_to_scheduler() {
-  Fiber* f = g.cur;
+CUDASIM_NOASAN inline void to_scheduler(Fiber* f) {
+#if CUDASIM_FAST_SWITCH
+  cudasim_switch(&f->sp, g.sched_sp);
+#else
   swapcontext(&f->ctx, &g.sched);
+#endif
+}
+
+CUDASIM_NOASAN inline void yield_to_scheduler() {
+  Fiber* f = g.cur;
+  to_scheduler(f);
   bi.threadIdx = f->tid;  // the scheduler ran others meanwhile
 }
 
 // ------------------------------------------------------------------------------------------ memory checks
-static size_t shared_bytes() { return (size_t)(_end - __bss_start); }
+inline size_t shared_bytes() { return (size_t)(_end - __bss_start); }
 
-CUDASIM_NOASAN static void check_access(uintptr_t a, size_t n, bool store) {
+CUDASIM_NOASAN inline void check_access(uintptr_t a, size_t n, bool store) {
   if (!g.in_kernel || !g.cur || g.checking) return;  // host code, or the checker's own std:: calls
   SimCode guard;
   char buf[512];
@@ -189,14 +247,14 @@ CUDASIM_NOASAN static void check_access(uintptr_t a, size_t n, bool store) {
 }
 
 // ------------------------------------------------------------------------------------------ scheduling
-CUDASIM_NOASAN static void release_barrier() {
+CUDASIM_NOASAN inline void release_barrier() {
   for (auto& f : g.fibers)
     if (f.state == kAtBarrier) f.state = kReady;
   g.at_barrier = 0;
   ++g.epoch;
 }
 
-CUDASIM_NOASAN static void fiber_main() {
+CUDASIM_NOASAN inline void fiber_main() {
   Fiber* f = g.cur;
   bi.threadIdx = f->tid;
   g.checking = false;
@@ -223,10 +281,10 @@ CUDASIM_NOASAN static void fiber_main() {
       fail(buf);
     }
   }
-  swapcontext(&f->ctx, &g.sched);
+  to_scheduler(f);  // never resumed
 }
 
-CUDASIM_NOASAN static void diagnose_deadlock() {
+CUDASIM_NOASAN inline void diagnose_deadlock() {
   char buf[1024];
   for (auto& f : g.fibers) {
     if (f.state != kAtWarpOp) continue;
@@ -249,7 +307,7 @@ CUDASIM_NOASAN static void diagnose_deadlock() {
   fail(buf);
 }
 
-CUDASIM_NOASAN static void run_block(uint3 b, dim3 grid, dim3 block) {
+CUDASIM_NOASAN inline void run_block(uint3 b, dim3 grid, dim3 block) {
   g.block = b;
   bi.blockIdx = b;
   g.nthreads = (int)(block.x * block.y * block.z);
@@ -268,11 +326,24 @@ CUDASIM_NOASAN static void run_block(uint3 b, dim3 grid, dim3 block) {
     f.state = kReady;
     f.linear = i;
     f.tid = uint3{(unsigned)(i % block.x), (unsigned)(i / block.x % block.y), (unsigned)(i / (block.x * block.y))};
+#if CUDASIM_FAST_SWITCH
+    // Initial frame, popped by cudasim_switch: control words, six registers, then fiber_main as the return
+    // address (16-byte aligned slot, so fiber_main starts with the stack alignment of a called function).
+    uintptr_t top = ((uintptr_t)f.stack + kStack - 64) & ~(uintptr_t)15;
+    void** sp = reinterpret_cast<void**>(top);
+    sp[1] = nullptr;  // fake return address of fiber_main
+    sp[0] = reinterpret_cast<void*>(&fiber_main);
+    for (int r = 1; r <= 6; ++r) sp[-r] = nullptr;
+    uint32_t cw[2] = {0x1F80u, 0x037Fu};  // default MXCSR and x87 control word
+    memcpy(&sp[-7], cw, 8);
+    f.sp = &sp[-7];
+#else
     getcontext(&f.ctx);
     f.ctx.uc_stack.ss_sp = f.stack;
     f.ctx.uc_stack.ss_size = kStack;
     f.ctx.uc_link = nullptr;
     makecontext(&f.ctx, fiber_main, 0);
+#endif
   }
   (void)grid;
   while (g.done < g.nthreads) {
@@ -282,7 +353,11 @@ CUDASIM_NOASAN static void run_block(uint3 b, dim3 grid, dim3 block) {
       if (f.state != kReady) continue;
       progress = true;
       g.cur = &f;
+#if CUDASIM_FAST_SWITCH
+      cudasim_switch(&g.sched_sp, f.sp);
+#else
       swapcontext(&g.sched, &f.ctx);
+#endif
       g.cur = nullptr;
     }
     if (!progress) diagnose_deadlock();
@@ -333,19 +408,19 @@ Launch<P...> launch(const char* name, dim3 grid, dim3 block, size_t smem, cudaSt
 }
 
 // ------------------------------------------------------------------------------------------ warp operations
-template <typename T> static uint64_t bits(T v) {
+template <typename T> inline uint64_t bits(T v) {
   static_assert(sizeof(T) <= 8, "warp operations exchange at most 8 bytes");
   uint64_t u = 0;
   memcpy(&u, &v, sizeof(T));
   return u;
 }
-template <typename T> static T from_bits(uint64_t u) {
+template <typename T> inline T from_bits(uint64_t u) {
   T v;
   memcpy(&v, &u, sizeof(T));
   return v;
 }
 
-CUDASIM_NOASAN static uint64_t warp_op(const void* site, WarpOp op, unsigned mask, uint64_t value, int param,
+CUDASIM_NOASAN inline uint64_t warp_op(const void* site, WarpOp op, unsigned mask, uint64_t value, int param,
                                        int width) {
   SimCode guard;
   Fiber* f = g.cur;
@@ -434,7 +509,7 @@ CUDASIM_NOASAN static uint64_t warp_op(const void* site, WarpOp op, unsigned mas
 
 #define CUDASIM_SITE __builtin_return_address(0)
 
-CUDASIM_NOASAN static void __syncthreads() {
+CUDASIM_NOASAN inline void __syncthreads() {
   using namespace cudasim;
   SimCode guard;
   Fiber* f = g.cur;
@@ -452,37 +527,37 @@ CUDASIM_NOASAN static void __syncthreads() {
   yield_to_scheduler();
 }
 
-template <typename T> CUDASIM_NOASAN static T __shfl_down_sync(unsigned mask, T v, unsigned d, int w = 32) {
+template <typename T> CUDASIM_NOASAN inline T __shfl_down_sync(unsigned mask, T v, unsigned d, int w = 32) {
   return cudasim::from_bits<T>(cudasim::warp_op(CUDASIM_SITE, cudasim::kShflDown, mask, cudasim::bits(v), (int)d, w));
 }
-template <typename T> CUDASIM_NOASAN static T __shfl_up_sync(unsigned mask, T v, unsigned d, int w = 32) {
+template <typename T> CUDASIM_NOASAN inline T __shfl_up_sync(unsigned mask, T v, unsigned d, int w = 32) {
   return cudasim::from_bits<T>(cudasim::warp_op(CUDASIM_SITE, cudasim::kShflUp, mask, cudasim::bits(v), (int)d, w));
 }
-template <typename T> CUDASIM_NOASAN static T __shfl_xor_sync(unsigned mask, T v, int m, int w = 32) {
+template <typename T> CUDASIM_NOASAN inline T __shfl_xor_sync(unsigned mask, T v, int m, int w = 32) {
   return cudasim::from_bits<T>(cudasim::warp_op(CUDASIM_SITE, cudasim::kShflXor, mask, cudasim::bits(v), m, w));
 }
-template <typename T> CUDASIM_NOASAN static T __shfl_sync(unsigned mask, T v, int src, int w = 32) {
+template <typename T> CUDASIM_NOASAN inline T __shfl_sync(unsigned mask, T v, int src, int w = 32) {
   return cudasim::from_bits<T>(cudasim::warp_op(CUDASIM_SITE, cudasim::kShflIdx, mask, cudasim::bits(v), src, w));
 }
-CUDASIM_NOASAN static unsigned __ballot_sync(unsigned mask, int p) {
+CUDASIM_NOASAN inline unsigned __ballot_sync(unsigned mask, int p) {
   return (unsigned)cudasim::warp_op(CUDASIM_SITE, cudasim::kBallot, mask, p != 0, 0, 32);
 }
-CUDASIM_NOASAN static int __any_sync(unsigned mask, int p) {
+CUDASIM_NOASAN inline int __any_sync(unsigned mask, int p) {
   return (int)cudasim::warp_op(CUDASIM_SITE, cudasim::kAny, mask, p != 0, 0, 32);
 }
-CUDASIM_NOASAN static int __all_sync(unsigned mask, int p) {
+CUDASIM_NOASAN inline int __all_sync(unsigned mask, int p) {
   return (int)cudasim::warp_op(CUDASIM_SITE, cudasim::kAll, mask, p != 0, 0, 32);
 }
 
 // ------------------------------------------------------------------------------------------ runtime API
-static cudaError_t cudaMalloc(void** p, size_t n) {
+inline cudaError_t cudaMalloc(void** p, size_t n) {
   *p = malloc(n ? n : 1);
   if (!*p) return cudaErrorMemoryAllocation;
   memset(*p, 0xFF, n);  // fresh device memory is garbage, not zeros
   cudasim::g.allocs[(uintptr_t)*p] = n;
   return cudaSuccess;
 }
-static cudaError_t cudaFree(void* p) {
+inline cudaError_t cudaFree(void* p) {
   if (!p) return cudaSuccess;
   auto it = cudasim::g.allocs.find((uintptr_t)p);
   if (it == cudasim::g.allocs.end()) cudasim::fail("cudaFree of a pointer cudaMalloc did not return");
@@ -490,9 +565,9 @@ static cudaError_t cudaFree(void* p) {
   free(p);
   return cudaSuccess;
 }
-static cudaError_t cudaMallocAsync(void** p, size_t n, cudaStream_t) { return cudaMalloc(p, n); }
-static cudaError_t cudaFreeAsync(void* p, cudaStream_t) { return cudaFree(p); }
-static cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t = nullptr) {
+inline cudaError_t cudaMallocAsync(void** p, size_t n, cudaStream_t) { return cudaMalloc(p, n); }
+inline cudaError_t cudaFreeAsync(void* p, cudaStream_t) { return cudaFree(p); }
+inline cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t = nullptr) {
   cudasim::g.in_kernel = true;  // check the range like a kernel store would
   cudasim::Fiber f{};
   cudasim::g.cur = &f;
@@ -502,37 +577,37 @@ static cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t = null
   memset(p, v, n);
   return cudaSuccess;
 }
-static cudaError_t cudaMemset(void* p, int v, size_t n) { return cudaMemsetAsync(p, v, n); }
-static cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind, cudaStream_t = nullptr) {
+inline cudaError_t cudaMemset(void* p, int v, size_t n) { return cudaMemsetAsync(p, v, n); }
+inline cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind, cudaStream_t = nullptr) {
   memcpy(d, s, n);
   return cudaSuccess;
 }
-static cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind k) { return cudaMemcpyAsync(d, s, n, k); }
-static cudaError_t cudaGetDevice(int* d) {
+inline cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind k) { return cudaMemcpyAsync(d, s, n, k); }
+inline cudaError_t cudaGetDevice(int* d) {
   *d = 0;
   return cudaSuccess;
 }
-static cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int) {
+inline cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int) {
   *v = a == cudaDevAttrMultiProcessorCount ? cudasim::g.sms : 0;
   return cudaSuccess;
 }
-static cudaError_t cudaPeekAtLastError() { return cudaSuccess; }
-static cudaError_t cudaGetLastError() { return cudaSuccess; }
-static cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
-static cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-static cudaError_t cudaStreamCreate(cudaStream_t* s) {
+inline cudaError_t cudaPeekAtLastError() { return cudaSuccess; }
+inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaStreamCreate(cudaStream_t* s) {
   *s = nullptr;
   return cudaSuccess;
 }
-static cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
-static cudaError_t cudaEventCreate(cudaEvent_t* e) {
+inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaEventCreate(cudaEvent_t* e) {
   *e = nullptr;
   return cudaSuccess;
 }
-static cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t = nullptr) { return cudaSuccess; }
-static cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
-static cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
-static cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned = 0) { return cudaSuccess; }
+inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t = nullptr) { return cudaSuccess; }
+inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned = 0) { return cudaSuccess; }
 
 // ------------------------------------------------------------------------------------------ harness hooks
 // Host buffers the harness hands to the kernels count as device allocations.
