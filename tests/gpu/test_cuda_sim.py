@@ -199,3 +199,22 @@ def test_lib_info():
 def test_larger_sizes_slow(xs, ts, dtype_id, sms):
     x, t = operands(xs, ts, False, 5)
     check_case(x, t, dtype_id, False, sms=sms)
+
+
+@slow_only
+def test_index_space_past_2_31_slow():
+    """A broadcast index space of 46,341^2 > 2^31 elements from two small operands (strided path, 64-bit
+    linear indices and offsets): the forward sum against its float64 closed form
+    sum_ij t_j (log t_j - x_i) = n_x sum_j t_j log t_j - (sum_j t_j)(sum_i x_i)."""
+    n = 46_341
+    assert n * n > 2 ** 31
+    rng = np.random.default_rng(11)
+    x = rounded(np.log(rng.uniform(0.05, 1.0, (n, 1))), "float32")
+    t = rounded(rng.uniform(0.05, 1.0, (1, n)), "float32")
+    call = dict(symbol="KLDivFwdSumProb", dtype="float32", sms=1,
+                arrays=[(_sim.encode(x, "float32"), 0), (_sim.encode(t, "float32"), 0),
+                        (np.zeros((), np.float32), 0)], spec=2)
+    (rc, (out,), _), = _sim.run_calls([call], timeout=1800)
+    assert rc == 0
+    exp = n * np.sum(t * np.log(t)) - np.sum(t) * np.sum(x)
+    assert abs(float(out) - exp) <= 1e-5 * abs(exp), (float(out), exp)
