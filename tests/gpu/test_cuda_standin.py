@@ -175,3 +175,34 @@ def test_warp_operations(kernels_lib):
     for t in range(64):
         lane = t & 31
         assert pm[t] == (lane ^ 2 if lane % 2 == 0 else lane), (t, pm[t])
+
+
+# Deliberate bugs in a copy of the real kldiv_cuda.cu, each caught through the ordinary ABI calls.
+MUTATIONS = {
+    "tail_off_by_one": ("for (int64_t k = done + i; k < n; k += stride) out[k]",
+                        "for (int64_t k = done + i; k <= n; k += stride) out[k]", "out-of-bounds"),
+    "shuffle_in_lane_branch": ("if (warp == 0) v = warp_sum(v);", "if (lane < 16) v = warp_sum(v);", "divergence"),
+    "missing_syncthreads": ("if (lane == 0) warp_part[warp] = v;\n  __syncthreads();",
+                            "if (lane == 0) warp_part[warp] = v;", "shared memory"),
+}
+
+
+@pytest.mark.parametrize("name", list(MUTATIONS))
+def test_mutated_real_kernel_is_caught(name, tmp_path):
+    old, new, message = MUTATIONS[name]
+    src = os.path.join(_sim.SRC, "gpu", "kldiv_cuda.cu")
+    with open(src, encoding="utf-8") as f:
+        text = f.read()
+    assert text.count(old) == 1, f"mutation {name} no longer matches kldiv_cuda.cu"
+    mutated = tmp_path / "kldiv_cuda.cu"
+    mutated.write_text(text.replace(old, new), encoding="utf-8")
+    lib = _sim.build([str(mutated)])
+    x = np.log(np.linspace(0.1, 1.0, 1001)).astype(np.float32)
+    t = np.linspace(1.0, 0.0, 1001).astype(np.float32)
+    fwd = lambda red, out: dict(symbol=_sim.symbol("Fwd", red, False), dtype="float32",  # noqa: E731
+                                arrays=[(x, 1), (t, 1), (out, 1)], spec=2)
+    with pytest.raises(_sim.SimError, match=message):
+        _sim.run_calls([fwd("none", np.empty(1001, np.float32)), fwd("sum", np.zeros((), np.float32))], lib)
+    # the unmutated source runs the same calls clean
+    ok = _sim.run_calls([fwd("none", np.empty(1001, np.float32)), fwd("sum", np.zeros((), np.float32))])
+    assert [r[0] for r in ok] == [0, 0]
