@@ -2,7 +2,10 @@
 
 No GPU is needed: this compiles custom_ops/gpu/*.cu for one architecture (all of them would take minutes on
 CI's two cores; the full list is ms_kldiv._build.NVCC_FLAGS) and reads the dynamic symbol table. Running
-the kernels is tests/gpu/'s job. Skips only when nvcc is absent.
+the kernels is tests/gpu/'s job (on the CUDA-on-CPU stand-in without a GPU). The resource tests compile
+sm_80 and sm_90 cubins with ``ptxas -v`` and check every kernel's registers, spills and shared memory, and
+that each cubin holds every kernel (readelf on the cubin: cuobjdump/nvdisasm are not part of every
+toolkit install). Skips only when nvcc is absent.
 """
 import os
 import re
@@ -98,3 +101,92 @@ def test_build_arch_list_is_supported_by_this_nvcc():
         pytest.skip("this nvcc cannot list its architectures")
     wanted = set(re.findall(r"arch=compute_(\d+)", " ".join(_build.nvcc_arch_flags(NVCC))))
     assert wanted <= supported, f"nvcc here lacks compute_{sorted(wanted - supported)}; supported: {sorted(supported)}"
+
+
+# ------------------------------------------------------------------------------- resources per architecture
+RESOURCE_ARCHS = ("80", "90")
+MAX_REGS = 255
+MAX_STATIC_SMEM = 48 * 1024
+
+
+def _kernel_families():
+    """The __global__ function names in custom_ops/gpu/*.cu."""
+    names = set()
+    for f in os.listdir(os.path.join(SRC, "gpu")):
+        if f.endswith(".cu"):
+            with open(os.path.join(SRC, "gpu", f), encoding="utf-8") as fh:
+                names |= set(re.findall(r"__global__\s+void\s+(\w+)", fh.read()))
+    return names
+
+
+def _parse_ptxas(log):
+    """{mangled kernel: {regs, spill_stores, spill_loads, stack, smem}} from ``ptxas -v`` output."""
+    out, cur = {}, None
+    for line in log.splitlines():
+        m = re.search(r"Compiling entry function '(\w+)'", line)
+        if m:
+            cur = out.setdefault(m.group(1), {"regs": 0, "spill_stores": 0, "spill_loads": 0, "stack": 0, "smem": 0})
+            continue
+        if cur is None:
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m:
+            cur["stack"], cur["spill_stores"], cur["spill_loads"] = map(int, m.groups())
+        m = re.search(r"Used (\d+) registers", line)
+        if m:
+            cur["regs"] = int(m.group(1))
+            s = re.search(r"(\d+) bytes smem", line)
+            cur["smem"] = int(s.group(1)) if s else 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def cubins(tmp_path_factory):
+    """One cubin per architecture with its ptxas resource report: {arch: (cubin path, {kernel: usage})}."""
+    d = tmp_path_factory.mktemp("cubin")
+    flags = [f for f in _build.NVCC_FLAGS if not f.startswith("-gencode") and f != "-shared"]
+    cu = os.path.join(SRC, "gpu", "kldiv_cuda.cu")
+    res = {}
+    for arch in RESOURCE_ARCHS:
+        out = d / f"kldiv_sm_{arch}.cubin"
+        cmd = [NVCC, *flags, "-cubin", f"-arch=sm_{arch}", "-Xptxas", "-v", "-I", os.path.join(SRC, "common"),
+               "-I", os.path.join(SRC, "gpu"), cu, "-o", str(out)]
+        proc = subprocess.run(cmd, cwd=str(d), capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, f"nvcc failed:\n{' '.join(cmd)}\n{proc.stderr[-4000:]}"
+        res[arch] = (str(out), _parse_ptxas(proc.stdout + proc.stderr))
+    return res
+
+
+def test_resource_usage_within_limits(cubins):
+    """Registers, spills, stack and static shared memory of every kernel for sm_80 and sm_90 (ptxas -v;
+    shown with -s): no spills, at most 255 registers and 48 KiB of static shared memory."""
+    families = _kernel_families()
+    for arch, (_, usage) in cubins.items():
+        assert usage, f"no ptxas report for sm_{arch}"
+        for fam in families:
+            assert any(fam in k for k in usage), f"sm_{arch}: no instance of kernel {fam}"
+        worst = max(usage.items(), key=lambda kv: kv[1]["regs"])
+        print(f"\nsm_{arch}: {len(usage)} kernels, max {worst[1]['regs']} registers ({worst[0]}), "
+              f"max smem {max(u['smem'] for u in usage.values())} B, "
+              f"max stack {max(u['stack'] for u in usage.values())} B")
+        bad = {k: u for k, u in usage.items() if u["regs"] > MAX_REGS or u["spill_stores"] or u["spill_loads"]
+               or u["smem"] > MAX_STATIC_SMEM}
+        assert not bad, f"sm_{arch}: kernels over limits or spilling: {bad}"
+
+
+def _elf_functions(path):
+    readelf = shutil.which("readelf")
+    if not readelf:
+        pytest.skip("readelf (binutils) not found")
+    out = subprocess.run([readelf, "-sW", path], capture_output=True, text=True, check=True).stdout
+    return {line.split()[-1] for line in out.splitlines() if " FUNC " in line and " GLOBAL " in line}
+
+
+def test_every_kernel_is_in_each_architecture_cubin(cubins):
+    """The sm_80 and sm_90 cubins hold exactly the kernels ptxas compiled, all the same set."""
+    sets = {}
+    for arch, (path, usage) in cubins.items():
+        funcs = _elf_functions(path)
+        assert funcs == set(usage), (arch, sorted(funcs ^ set(usage))[:10])
+        sets[arch] = funcs
+    assert len({frozenset(s) for s in sets.values()}) == 1, "architectures compile different kernel sets"

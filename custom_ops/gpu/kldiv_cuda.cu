@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "kldiv_abi.h"
+#include "kldiv_launch.cuh"
 #include "kldiv_math.h"
 
 namespace kldiv {
@@ -448,9 +449,9 @@ static int forward(int reduction, void** params, int* ndims, int64_t** shapes, c
     if (Shape{ndims[2], shapes[2]}.numel() != g.numel) return 3;
     if (g.numel == 0) return 0;
     if (g.contiguous)
-      fwd_none_contig<T, LT><<<elementwise_grid(g.numel), kThreads, 0, stream>>>(x, t, out, g.numel, vec);
+      KLDIV_LAUNCH(elementwise_grid(g.numel), kThreads, 0, stream, fwd_none_contig<T, LT>)(x, t, out, g.numel, vec);
     else
-      fwd_none_strided<T, LT><<<elementwise_grid(g.numel), kThreads, 0, stream>>>(x, t, out, g);
+      KLDIV_LAUNCH(elementwise_grid(g.numel), kThreads, 0, stream, fwd_none_strided<T, LT>)(x, t, out, g);
     return cudaPeekAtLastError() == cudaSuccess ? 0 : 4;
   }
   const double scale = reduction_scale(reduction, g, xs);
@@ -459,10 +460,10 @@ static int forward(int reduction, void** params, int* ndims, int64_t** shapes, c
   if (blocks) {
     if (cudaMallocAsync(reinterpret_cast<void**>(&partials), sizeof(double) * blocks, stream) != cudaSuccess)
       return 5;
-    fwd_sum_partials<T, LT><<<blocks, kThreads, 0, stream>>>(x, t, g, g.contiguous && aligned16(x) && aligned16(t),
+    KLDIV_LAUNCH(blocks, kThreads, 0, stream, fwd_sum_partials<T, LT>)(x, t, g, g.contiguous && aligned16(x) && aligned16(t),
                                                              partials);
   }
-  finalize_sum<T><<<1, kThreads, 0, stream>>>(partials, blocks, scale, out);
+  KLDIV_LAUNCH(1, kThreads, 0, stream, finalize_sum<T>)(partials, blocks, scale, out);
   if (partials) cudaFreeAsync(partials, stream);
   return cudaPeekAtLastError() == cudaSuccess ? 0 : 4;
 }
@@ -489,10 +490,10 @@ static int reduce_operand(const T* x, const T* t, const T* dout, T* grad, const 
         cudaSuccess)
       return 5;
   }
-  bwd_reduce<T, LT, SCALAR_G, WHICH_T><<<grid, kThreads, 0, stream>>>(x, t, dout, grad, sg, scale, (int)splits,
+  KLDIV_LAUNCH(grid, kThreads, 0, stream, bwd_reduce<T, LT, SCALAR_G, WHICH_T>)(x, t, dout, grad, sg, scale, (int)splits,
                                                                       partials);
   if (splits > 1) {
-    finalize_segments<T><<<grid_for(sg.kept_numel, 4096), kThreads, 0, stream>>>(partials, sg.kept_numel,
+    KLDIV_LAUNCH(grid_for(sg.kept_numel, 4096), kThreads, 0, stream, finalize_segments<T>)(partials, sg.kept_numel,
                                                                                  (int)splits, grad);
     cudaFreeAsync(partials, stream);
   }
@@ -526,10 +527,10 @@ static int backward(int want, int reduction, void** params, int* ndims, int64_t*
     const bool vec = write_x && write_t && g.contiguous && aligned16(x) && aligned16(t) && aligned16(dx) &&
                      aligned16(dt) && (scalar_g || aligned16(dout));
     if (scalar_g)
-      bwd_elementwise<T, LT, true><<<elementwise_grid(g.numel), kThreads, 0, stream>>>(
+      KLDIV_LAUNCH(elementwise_grid(g.numel), kThreads, 0, stream, bwd_elementwise<T, LT, true>)(
           x, t, dout, dx, dt, g, scale, vec, write_x, write_t);
     else
-      bwd_elementwise<T, LT, false><<<elementwise_grid(g.numel), kThreads, 0, stream>>>(
+      KLDIV_LAUNCH(elementwise_grid(g.numel), kThreads, 0, stream, bwd_elementwise<T, LT, false>)(
           x, t, dout, dx, dt, g, scale, vec, write_x, write_t);
   }
   int rc = 0;

@@ -1,0 +1,194 @@
+"""Runs custom_ops/gpu/*.cu on the CUDA-on-CPU stand-in (custom_ops/gpu/sim/cuda_sim.h).
+
+``build()`` compiles the .cu sources with g++ against the stand-in headers into a shared library cached in
+``~/.cache/ms_kldiv/cudasim/<hash of sources, headers and flags>/`` (never in the working tree); it exports
+the same ABI as libkldiv_cuda.so (custom_ops/common/kldiv_abi.h) plus the stand-in's harness hooks.
+
+The stand-in aborts on a kernel error (divergence, barrier, bounds, poisoned shared read), so calls run in a
+child process: ``run_calls(calls)`` sends a batch of ABI calls to one child and returns their outputs, or
+raises ``SimError`` with the child's "cudasim: ..." message.
+
+bfloat16 travels as uint16 bit patterns (NumPy has no bfloat16); see ``to_bf16_bits``/``bf16_bits_to_f64``.
+"""
+import glob
+import hashlib
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SRC = os.path.join(ROOT, "custom_ops")
+SIM = os.path.join(SRC, "gpu", "sim")
+CXX = os.environ.get("CXX", "g++")
+# Every load/store of the kernel TU calls the stand-in's bounds check (kernel-address instrumentation with
+# callbacks only: no shadow memory, no ASan runtime).
+FLAGS = ["-std=c++17", "-O2", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "-fno-gnu-unique",
+         "-Wl,-Bsymbolic", "-fsanitize=kernel-address", "--param", "asan-instrumentation-with-call-threshold=0",
+         "--param", "asan-stack=0", "--param", "asan-globals=0", "-Wno-unknown-pragmas"]
+RED_NAMES = {"none": "None", "sum": "Sum", "mean": "Mean", "batchmean": "Batchmean"}
+
+
+class SimError(RuntimeError):
+    """A hard error of the stand-in (its message starts with 'cudasim:'), or a crash of the child."""
+
+
+def compiler_reason():
+    """None when g++ can build the stand-in here, else why not."""
+    try:
+        subprocess.run([CXX, "--version"], capture_output=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        return f"no C++ compiler ({CXX}): {e}"
+    return None
+
+
+def _cache_root():
+    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ms_kldiv", "cudasim")
+
+
+def build(sources=None, extra_flags=()):
+    """Path of the stand-in library built from ``sources`` (default: custom_ops/gpu/*.cu)."""
+    sources = sorted(os.path.abspath(p) for p in (sources or glob.glob(os.path.join(SRC, "gpu", "*.cu"))))
+    headers = sorted(glob.glob(os.path.join(SRC, "common", "*.h")) + glob.glob(os.path.join(SRC, "gpu", "*.cuh"))
+                     + glob.glob(os.path.join(SIM, "*.h")))
+    flags = FLAGS + list(extra_flags)
+    h = hashlib.sha256(repr((CXX, flags)).encode())
+    ver = subprocess.run([CXX, "--version"], capture_output=True, text=True).stdout
+    h.update(ver.encode())
+    for p in sources + headers:
+        h.update(os.path.basename(p).encode())
+        with open(p, "rb") as f:
+            h.update(f.read())
+    out_dir = os.path.join(_cache_root(), h.hexdigest()[:20])
+    out = os.path.join(out_dir, "libkldiv_cudasim.so")
+    if os.path.exists(out):
+        return out
+    os.makedirs(out_dir, exist_ok=True)
+    tmp = tempfile.mktemp(dir=out_dir, suffix=".so")
+    cmd = [CXX, *flags, "-I", SIM, "-I", os.path.join(SRC, "common"), "-I", os.path.join(SRC, "gpu"),
+           "-x", "c++", *sources, "-o", tmp]
+    proc = subprocess.run(cmd, cwd=out_dir, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"stand-in build failed:\n{' '.join(cmd)}\n{proc.stderr[-4000:]}")
+    os.replace(tmp, out)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- child side
+_CHILD = r"""
+import ctypes, pickle, sys
+import numpy as np
+lib_path, calls = pickle.load(sys.stdin.buffer)
+lib = ctypes.CDLL(lib_path)
+sim = hasattr(lib, "cudasim_register")  # else another library of the same ABI (the CPU one)
+if sim:
+    lib.cudasim_register.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    lib.cudasim_unregister.argtypes = [ctypes.c_void_p]
+results = []
+for call in calls:
+    symbol, arrays, dtype, spec = call["symbol"], call["arrays"], call["dtype"], call.get("spec")
+    if symbol == "__info__":
+        lib.KLDivLibInfo.restype = ctypes.c_char_p
+        results.append(lib.KLDivLibInfo().decode())
+        continue
+    if sim:
+        lib.cudasim_set_sms(call.get("sms", 2))
+        lib.cudasim_set_reverse(int(call.get("reverse", False)))
+    # Each operand in its own buffer with an optional element offset; only the operand's bytes are
+    # registered, so the kernel may touch nothing else.
+    bufs, views = [], []
+    for a, off in arrays:
+        a = np.asarray(a)
+        base = np.empty(a.size + off + 8, a.dtype)
+        v = base[off:off + a.size].reshape(a.shape)
+        v[...] = a
+        bufs.append(base)
+        views.append(v)
+    n = len(views)
+    for v in views:
+        if v.nbytes and sim:
+            lib.cudasim_register(ctypes.c_void_p(v.ctypes.data), v.nbytes)
+    params = (ctypes.c_void_p * n)(*[v.ctypes.data for v in views])
+    ndims = (ctypes.c_int * n)(*[v.ndim for v in views])
+    shp = [(ctypes.c_int64 * max(v.ndim, 1))(*v.shape) for v in views]
+    shapes = (ctypes.POINTER(ctypes.c_int64) * n)(*[ctypes.cast(s, ctypes.POINTER(ctypes.c_int64)) for s in shp])
+    dtypes = (ctypes.c_char_p * n)(*[dtype.encode()] * n)
+    fn = getattr(lib, symbol)
+    fn.restype = ctypes.c_int
+    rc = fn(ctypes.c_int(n), params, ndims, shapes, dtypes, ctypes.c_void_p(0), ctypes.c_void_p(0))
+    for v in views:
+        if v.nbytes and sim:
+            lib.cudasim_unregister(ctypes.c_void_p(v.ctypes.data))
+    leaked = lib.cudasim_live_allocations() if sim else 0
+    results.append((rc, [v.copy() for v in views[spec:]], leaked))
+sys.stdout.buffer.write(pickle.dumps(results))
+"""
+
+
+def run_calls(calls, lib_path=None, timeout=600):
+    """Run a batch of ABI calls in one child process.
+
+    Each call: dict(symbol=..., dtype='float32'|..., arrays=[(ndarray, element_offset), ...], spec=k) where
+    arrays are the inputs then the outputs (outputs' contents are ignored: they are filled with garbage
+    first) and k is the index of the first output. Returns [(rc, [outputs], live_allocations)].
+    """
+    lib_path = lib_path or build()
+    prepared = []
+    for c in calls:
+        c = dict(c)
+        if "arrays" in c:
+            c["arrays"] = [(_garbage(a) if i >= c.get("spec", len(c["arrays"])) else a, off)
+                           for i, (a, off) in enumerate(c["arrays"])]
+        prepared.append(c)
+    proc = subprocess.run([sys.executable, "-c", _CHILD], input=pickle.dumps((lib_path, prepared)),
+                          capture_output=True, timeout=timeout)
+    if proc.returncode != 0:
+        err = proc.stderr.decode(errors="replace")
+        raise SimError(err[-3000:] or f"child exited with {proc.returncode}")
+    return pickle.loads(proc.stdout)
+
+
+def _garbage(a):
+    """Outputs start as NaN-like bytes, so an element the kernel does not write shows."""
+    a = np.asarray(a)
+    out = np.empty(a.shape, a.dtype)
+    out.reshape(-1).view(np.uint8)[:] = 0xFF
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- dtypes
+def to_bf16_bits(x):
+    """float64 -> bfloat16 bit patterns (via float32, round to nearest even)."""
+    u = np.atleast_1d(np.asarray(x, np.float64).astype(np.float32)).view(np.uint32).astype(np.uint64)
+    u = u.reshape(np.shape(x))
+    c = lambda v: np.uint64(v)
+    nan = (u & c(0x7FFFFFFF)) > c(0x7F800000)
+    r = ((u + c(0x7FFF) + ((u >> c(16)) & c(1))) >> c(16)).astype(np.uint16)
+    return np.where(nan, np.uint16(0x7FFF), r).astype(np.uint16)
+
+
+def bf16_bits_to_f64(b):
+    b = np.asarray(b, np.uint16)
+    u = np.atleast_1d(b).astype(np.uint32) << np.uint32(16)
+    return u.view(np.float32).astype(np.float64).reshape(b.shape)
+
+
+NP_DTYPES = {"float64": np.float64, "float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+
+
+def encode(x, dtype):
+    """float64 values -> the array the library sees for ``dtype``."""
+    if dtype == "bfloat16":
+        return to_bf16_bits(x)
+    return np.asarray(x, np.float64).astype(NP_DTYPES[dtype])
+
+
+def decode(a, dtype):
+    return bf16_bits_to_f64(a) if dtype == "bfloat16" else np.asarray(a).astype(np.float64)
+
+
+def symbol(kind, reduction, log_target):
+    return f"KLDiv{kind}{RED_NAMES[reduction]}{'Log' if log_target else 'Prob'}"
