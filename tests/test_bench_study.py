@@ -36,6 +36,9 @@ def _abi_exports():
             with open(os.path.join(src, "common", header), encoding="utf-8") as f:
                 text = f.read()
             names |= set(re.findall(r"KLDIV_EXPORT[^;{(]*?\b(\w+)\s*\(", text))
+            # distill_abi.h lists its kernels by name (the exports are made by its DECLARE macros), each with InferShape
+            kernels = set(re.findall(r"^//\s+(Distill\w+)\s+nparam", text, flags=re.M))
+            names |= kernels | {k + "InferShape" for k in kernels}
     return names
 
 
