@@ -120,8 +120,8 @@ def _fused_rows(backend, device, temperature, beta, graph):
     if backend not in ("auto", "aot"):
         return None
     from .backends import distill
-    if device == "CPU":
-        kernels = distill.cpu_kernels()
+    if device in ("CPU", "GPU"):
+        kernels = distill.aot_kernels(device)
     elif device == "Ascend":
         from .backends import ascend
         kernels = ascend.AscendCDistillKernels() if ascend.distill_ops_installed() else None

@@ -240,13 +240,14 @@ class FusedLinearDistillationLoss(nn.Cell):
 
 def _kernels(backend):
     """The fused distillation kernels for ``backend`` on the current device, or None for the composite math."""
-    if backend == "composite" or ms.get_context("device_target") != "CPU":
+    device = ms.get_context("device_target")
+    if backend == "composite" or device not in ("CPU", "GPU"):
         if backend == "aot":
-            raise RuntimeError(f"For '{_NAME}', backend 'aot' runs on CPU only; use 'auto' or 'composite'.")
+            raise RuntimeError(f"For '{_NAME}', backend 'aot' runs on CPU and GPU only; use 'auto' or 'composite'.")
         return None
-    kernels = distill.cpu_kernels()
+    kernels = distill.aot_kernels(device)
     if kernels is None and backend == "aot":
-        raise RuntimeError(f"For '{_NAME}', backend 'aot' needs the CPU kernel library, which is not available "
+        raise RuntimeError(f"For '{_NAME}', backend 'aot' needs the {device} kernel library, which is not available "
                            "(see ms_kldiv.backend_info()).")
     return kernels
 

@@ -127,6 +127,34 @@ def distillation_pointwise(student_logits, teacher_logits, temperature=1.0, beta
     return terms * temperature ** 2
 
 
+def distillation_row_grads(student_logits, teacher_logits, temperature=1.0, beta=0.0, dloss=None):
+    """Gradients (d_student, d_teacher) of sum_rows dloss[row] * (row sum of ``distillation_pointwise``), float64,
+    in closed form (the tests check them against central differences of ``distillation_pointwise``). A class
+    without mass in a distribution contributes nothing it weights."""
+    temperature = float(temperature)
+    ls = log_softmax(np.asarray(student_logits, np.float64) / temperature)
+    lt = log_softmax(np.asarray(teacher_logits, np.float64) / temperature)
+    ps, pt = np.exp(ls), np.exp(lt)
+
+    def centered(p, terms):  # p * (terms - sum(p * terms)) over the classes with mass
+        terms = np.where(p > 0, terms, 0.0)
+        return np.where(p > 0, p * (terms - np.sum(p * terms, axis=-1, keepdims=True)), 0.0)
+
+    with np.errstate(all="ignore"):
+        if beta == 0:    # KL(P_t || P_s)
+            ds, dt = ps - pt, centered(pt, lt - ls)
+        elif beta == 1:  # KL(P_s || P_t)
+            ds, dt = centered(ps, ls - lt), pt - ps
+        else:            # a = (1 - beta) P_s (log P_s - log M), b = beta P_t (log P_t - log M)
+            lm = np.logaddexp(ls + np.log1p(-beta), lt + np.log(beta))
+            a = np.where(ps > 0, (1 - beta) * ps * (ls - lm), 0.0)
+            b = np.where(pt > 0, beta * pt * (lt - lm), 0.0)
+            ds = a - ps * a.sum(axis=-1, keepdims=True)
+            dt = b - pt * b.sum(axis=-1, keepdims=True)
+    g = temperature * (1.0 if dloss is None else np.asarray(dloss, np.float64)[..., None])
+    return ds * g, dt * g
+
+
 def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction="batchmean", beta=0.0,
                       labels=None, ignore_index=-100):
     """``ms_kldiv.distillation_loss`` in float64: rows whose label is ``ignore_index`` contribute 0 and leave the

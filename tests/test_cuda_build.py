@@ -1,4 +1,5 @@
-"""The CUDA library compiles with nvcc and exports exactly the ABI of custom_ops/common/kldiv_abi.h.
+"""The CUDA library compiles with nvcc and exports exactly the ABI of custom_ops/common/kldiv_abi.h and
+distill_abi.h.
 
 No GPU is needed: this compiles custom_ops/gpu/*.cu for one architecture (all of them would take minutes on
 CI's two cores; the full list is ms_kldiv._build.NVCC_FLAGS) and reads the dynamic symbol table. Running
@@ -35,7 +36,11 @@ def abi_symbols():
         for kind in ("Fwd", "Bwd", "BwdInput", "BwdTarget"):
             fn = f"KLDiv{kind}{red}{space}"
             names |= {fn, fn + "InferShape"}
-    return names
+    # the fused distillation kernels, listed by name in distill_abi.h, each with its InferShape
+    with open(os.path.join(SRC, "common", "distill_abi.h"), encoding="utf-8") as f:
+        distill = set(re.findall(r"^//\s+(Distill\w+)\s+nparam", f.read(), flags=re.M))
+    assert len(distill) == 4, distill
+    return names | distill | {n + "InferShape" for n in distill}
 
 
 def nvcc_flags_one_arch():
@@ -68,7 +73,7 @@ def dynamic_symbols(lib, defined=True):
 
 
 def test_exports_exactly_the_abi(cuda_lib):
-    exported = {s for s in dynamic_symbols(cuda_lib) if s.startswith("KLDiv")}
+    exported = {s for s in dynamic_symbols(cuda_lib) if s.startswith(("KLDiv", "Distill"))}
     expected = abi_symbols()
     assert exported == expected, (f"missing: {sorted(expected - exported)}; "
                                   f"unexpected: {sorted(exported - expected)}")
@@ -80,7 +85,7 @@ def test_nothing_else_leaks(cuda_lib):
     headers give them; they are weak and harmless."""
     exported = dynamic_symbols(cuda_lib)
     std = ("_ZNSt", "_ZSt", "_ZNKSt")
-    leaked = sorted(s for s in exported if not s.startswith("KLDiv") and not s.startswith(std)
+    leaked = sorted(s for s in exported if not s.startswith(("KLDiv", "Distill")) and not s.startswith(std)
                     and s not in ("_init", "_fini", "_edata", "_end", "__bss_start"))
     assert not leaked, leaked[:20]
 
@@ -142,18 +147,23 @@ def _parse_ptxas(log):
 
 @pytest.fixture(scope="module")
 def cubins(tmp_path_factory):
-    """One cubin per architecture with its ptxas resource report: {arch: (cubin path, {kernel: usage})}."""
+    """Per architecture, the cubins of every CUDA source with their merged ptxas resource report:
+    {arch: ([cubin paths], {kernel: usage})}."""
     d = tmp_path_factory.mktemp("cubin")
     flags = [f for f in _build.NVCC_FLAGS if not f.startswith("-gencode") and f != "-shared"]
-    cu = os.path.join(SRC, "gpu", "kldiv_cuda.cu")
+    cus = sorted(f for f in os.listdir(os.path.join(SRC, "gpu")) if f.endswith(".cu"))
     res = {}
     for arch in RESOURCE_ARCHS:
-        out = d / f"kldiv_sm_{arch}.cubin"
-        cmd = [NVCC, *flags, "-cubin", f"-arch=sm_{arch}", "-Xptxas", "-v", "-I", os.path.join(SRC, "common"),
-               "-I", os.path.join(SRC, "gpu"), cu, "-o", str(out)]
-        proc = subprocess.run(cmd, cwd=str(d), capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, f"nvcc failed:\n{' '.join(cmd)}\n{proc.stderr[-4000:]}"
-        res[arch] = (str(out), _parse_ptxas(proc.stdout + proc.stderr))
+        paths, usage = [], {}
+        for cu in cus:
+            out = d / f"{cu[:-3]}_sm_{arch}.cubin"
+            cmd = [NVCC, *flags, "-cubin", f"-arch=sm_{arch}", "-Xptxas", "-v", "-I", os.path.join(SRC, "common"),
+                   "-I", os.path.join(SRC, "gpu"), os.path.join(SRC, "gpu", cu), "-o", str(out)]
+            proc = subprocess.run(cmd, cwd=str(d), capture_output=True, text=True, timeout=900)
+            assert proc.returncode == 0, f"nvcc failed:\n{' '.join(cmd)}\n{proc.stderr[-4000:]}"
+            paths.append(str(out))
+            usage.update(_parse_ptxas(proc.stdout + proc.stderr))
+        res[arch] = (paths, usage)
     return res
 
 
@@ -185,8 +195,29 @@ def _elf_functions(path):
 def test_every_kernel_is_in_each_architecture_cubin(cubins):
     """The sm_80 and sm_90 cubins hold exactly the kernels ptxas compiled, all the same set."""
     sets = {}
-    for arch, (path, usage) in cubins.items():
-        funcs = _elf_functions(path)
+    for arch, (paths, usage) in cubins.items():
+        funcs = set().union(*(_elf_functions(p) for p in paths))
         assert funcs == set(usage), (arch, sorted(funcs ^ set(usage))[:10])
         sets[arch] = funcs
     assert len({frozenset(s) for s in sets.values()}) == 1, "architectures compile different kernel sets"
+
+
+def test_distillation_on_gpu_routes_to_this_library(cuda_lib, monkeypatch):
+    """On device 'GPU', 'auto' distillation takes the fused kernels of libkldiv_cuda.so (GPU Custom ops on the
+    library's Distill* symbols); only building the ops is possible here (no GPU to launch them)."""
+    from ms_kldiv import distillation
+    from ms_kldiv.backends import distill
+    monkeypatch.setattr(distill._build, "ensure_library", lambda device, **_: cuda_lib if device == "GPU" else None)
+    kernels = distill.aot_kernels("GPU")
+    assert isinstance(kernels, distill.AotDistillKernels)
+    assert (kernels.lib_path, kernels.target) == (cuda_lib, "GPU")
+    distillation._fused_rows.cache_clear()
+    try:
+        rows = distillation._fused_rows("auto", "GPU", 2.0, 0.5, False)
+        assert rows is not None
+        names = [c.op.func for _, c in rows.cells_and_names() if isinstance(c, distill._AotKernel)]
+        assert sorted(n.rsplit(":", 1)[1] for n in names) == ["DistillBwd", "DistillFwd"]
+        assert all(n.rsplit(":", 1)[0] == cuda_lib for n in names)
+        assert distillation._fused_rows("composite", "GPU", 2.0, 0.5, False) is None
+    finally:
+        distillation._fused_rows.cache_clear()

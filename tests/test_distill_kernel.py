@@ -14,7 +14,7 @@ from ms_kldiv.backends import distill
 
 from conftest import graph_mode
 
-pytestmark = pytest.mark.skipif(distill.cpu_kernels() is None or ms.get_context("device_target") != "CPU",
+pytestmark = pytest.mark.skipif(distill.aot_kernels("CPU") is None or ms.get_context("device_target") != "CPU",
                                 reason="the CPU kernel library is not available here")
 
 MODES = ("pynative", "jit", "graph")
@@ -146,7 +146,7 @@ def test_masks_teacher_only_and_student_only(mode):
     s = np.array([[0.5, -np.inf, 1.0, 2.0], [0.1, 0.2, -np.inf, 0.4]], np.float32)
     t = np.array([[1.0, 0.3, -np.inf, 0.0], [0.0, 1.0, 0.5, -np.inf]], np.float32)
     for beta in (0.0, 0.5, 1.0):
-        rows = distill.rows_op(distill.cpu_kernels(), 1.0, beta)
+        rows = distill.rows_op(distill.aot_kernels("CPU"), 1.0, beta)
         if mode == "graph":
             with graph_mode():
                 got = rows(ms.Tensor(s), ms.Tensor(t)).asnumpy()
@@ -167,12 +167,12 @@ def test_vocabulary_sizes_and_extreme_logits(vocab):
     s2 = rng.standard_normal((rows, vocab)).astype(np.float32)
     t2 = s2 + 0.1 * rng.standard_normal((rows, vocab)).astype(np.float32)
     for beta in (0.0, 0.5):
-        op = distill.rows_op(distill.cpu_kernels(), 0.05, beta)
+        op = distill.rows_op(distill.aot_kernels("CPU"), 0.05, beta)
         got = op(ms.Tensor(s), ms.Tensor(t)).asnumpy()
         exact = reference.distillation_pointwise(s, t, 0.05, beta).sum(-1)
         assert np.isfinite(got).all()
         np.testing.assert_allclose(got, exact, rtol=2e-5, atol=1e-6 * np.abs(exact).max())
-        op = distill.rows_op(distill.cpu_kernels(), 1.0, beta)
+        op = distill.rows_op(distill.aot_kernels("CPU"), 1.0, beta)
         got = op(ms.Tensor(s2), ms.Tensor(t2)).asnumpy()
         exact = reference.distillation_pointwise(s2, t2, 1.0, beta).sum(-1)
         # Near-identical models: the divergence (~1e-5) is a difference of O(log V) terms, so its error is absolute

@@ -67,6 +67,42 @@ DISTILL_HD double kl_shift_sum(double w, double f, double z_p, double dp, double
   return z_p > 0.0 ? f * (w + (dq - dp) * z_p) : 0.0;
 }
 
+// The single-pass forward KL / reverse KL state of (part of) a row: P's and Q's running log-sum-exp and the
+// weighted difference w of kl_from_sums.
+struct KlState {
+  Online p, q;
+  double w;
+};
+
+DISTILL_HD KlState kl_empty() { return KlState{online_empty(), online_empty(), 0.0}; }
+
+// Moves the state to the maxima (mp, mq) (each >= the current one, or NaN/unchanged: then left as is).
+DISTILL_HD void kl_move(KlState *s, double mp, double mq, double inv_t) {
+  const double zp_before = s->p.z, bp_before = safe_base(s->p.m), bq_before = safe_base(s->q.m);
+  const double f = online_rescale(&s->p, mp, inv_t);
+  online_rescale(&s->q, mq, inv_t);
+  s->w = kl_shift_sum(s->w, f, zp_before, safe_base(s->p.m) - bp_before, safe_base(s->q.m) - bq_before);
+}
+
+DISTILL_HD double max_of(double a, double b) { return b > a ? b : a; }
+
+// a := the state of a's elements and b's (parallel reductions; the order of merges fixes the rounding).
+DISTILL_HD void kl_merge(KlState *a, KlState b, double inv_t) {
+  const double mp = max_of(a->p.m, b.p.m), mq = max_of(a->q.m, b.q.m);
+  kl_move(a, mp, mq, inv_t);
+  kl_move(&b, mp, mq, inv_t);
+  a->p.z += b.p.z;
+  a->q.z += b.q.z;
+  a->w += b.w;
+}
+
+DISTILL_HD void online_merge(Online *a, Online b, double inv_t) {
+  const double m = max_of(a->m, b.m);
+  online_rescale(a, m, inv_t);
+  online_rescale(&b, m, inv_t);
+  a->z += b.z;
+}
+
 // The JSD terms a_j, b_j of one class from the two log-probabilities (C: float or double).
 template <typename C>
 DISTILL_HD void jsd_terms(C log_ps, C log_pt, C log_beta, C log_1m_beta, C beta, C *a, C *b) {

@@ -1,8 +1,8 @@
 """The fused distillation op on top of a pair of kernels, for any device: the autodiff around them is written once.
 
-A *kernels* object (the CPU library's ``CpuDistillKernels`` below, ``ascend.AscendCDistillKernels`` on Ascend)
-provides two Cell factories with this contract, for student and teacher logits of one shape [..., V] and one dtype
-(float32, float16 or bfloat16; V >= 1):
+A *kernels* object (``AotDistillKernels`` below for the CPU and CUDA libraries, ``ascend.AscendCDistillKernels`` on
+Ascend) provides two Cell factories with this contract, for student and teacher logits of one shape [..., V] and one
+dtype (float32, float16 or bfloat16; V >= 1):
 
 - ``forward(temperature, beta)(s, t)`` -> float32 statistics [..., 8]; column 0 is each row's loss (T^2 times the
   divergence of ``beta``), the rest is what the backward reads (custom_ops/common/distill_math.h);
@@ -174,17 +174,17 @@ def rows_op(kernels, temperature=1.0, beta=0.0, teacher_grad=True, split=False):
     return _DistillRows(_DistillStatsCore(kernels, temperature, beta, teacher_grad))
 
 
-# ------------------------------------------------------------------------------------------------- CPU
-class _CpuKernel(nn.Cell):
-    """One exported symbol of libkldiv_cpu.so (custom_ops/common/distill_abi.h) with (temperature, beta) bound as a
-    float64 constant input."""
+# ----------------------------------------------------------------------------------- compiled libraries
+class _AotKernel(nn.Cell):
+    """One exported symbol of a kernel library (custom_ops/common/distill_abi.h) with (temperature, beta) bound as
+    a float64 constant input."""
 
-    def __init__(self, lib_path, name, inputs, outputs, out_dtype, temperature, beta):
+    def __init__(self, kernels, name, inputs, outputs, out_dtype, temperature, beta):
         super().__init__()
         self.hyper = ms.Tensor([float(temperature), float(beta)], ms.float64)
         # out_shape None: the library's C++ <name>InferShape, which dynamic row counts (set_inputs) need
-        self.op = ops.Custom(f"{lib_path}:{name}", out_shape=None, out_dtype=out_dtype, func_type="aot",
-                             reg_info=custom_reg_info(name, "CPU", inputs, outputs))
+        self.op = ops.Custom(f"{kernels.lib_path}:{name}", out_shape=None, out_dtype=out_dtype, func_type="aot",
+                             reg_info=custom_reg_info(name, kernels.target, inputs, outputs))
 
     def construct(self, *args):
         return self.op(args[0], args[1], self.hyper, *args[2:])
@@ -194,46 +194,50 @@ def _stats_dtype(*_):
     return ms.float32
 
 
-class _CpuBackwardStudent(nn.Cell):
-    def __init__(self, lib_path, temperature, beta):
+class _AotBackwardStudent(nn.Cell):
+    def __init__(self, kernels, temperature, beta):
         super().__init__()
-        self.kernel = _CpuKernel(lib_path, "DistillBwdStudent", ("s", "t", "hyper", "stats", "dloss"), ("ds",),
+        self.kernel = _AotKernel(kernels, "DistillBwdStudent", ("s", "t", "hyper", "stats", "dloss"), ("ds",),
                                  lambda s, *_: s, temperature, beta)
 
     def construct(self, s, t, stats, dloss):
         return self.kernel(s, t, stats, dloss), ops.zeros((1,), s.dtype)
 
 
-class CpuDistillKernels:
-    """The fused distillation kernels of the CPU library (custom_ops/cpu/distill_cpu.cc)."""
+class AotDistillKernels:
+    """The fused distillation kernels of a compiled library: libkldiv_cpu.so (custom_ops/cpu/distill_cpu.cc) for
+    target 'CPU', libkldiv_cuda.so (custom_ops/gpu/distill_cuda.cu) for 'GPU'."""
 
-    def __init__(self, lib_path):
+    def __init__(self, lib_path, target="CPU"):
         self.lib_path = lib_path
+        self.target = target
 
     def forward(self, temperature, beta):
-        return _CpuKernel(self.lib_path, "DistillFwd", ("s", "t", "hyper"), ("stats",), _stats_dtype, temperature,
-                          beta)
+        return _AotKernel(self, "DistillFwd", ("s", "t", "hyper"), ("stats",), _stats_dtype, temperature, beta)
 
     def backward(self, temperature, beta, teacher_grad):
         if not teacher_grad:
-            return _CpuBackwardStudent(self.lib_path, temperature, beta)
-        return _CpuKernel(self.lib_path, "DistillBwd", ("s", "t", "hyper", "stats", "dloss"), ("ds", "dt"),
+            return _AotBackwardStudent(self, temperature, beta)
+        return _AotKernel(self, "DistillBwd", ("s", "t", "hyper", "stats", "dloss"), ("ds", "dt"),
                           lambda s, t, *_: (s, t), temperature, beta)
 
     def backward_teacher(self, temperature, beta):
-        return _CpuKernel(self.lib_path, "DistillBwdTeacher", ("s", "t", "hyper", "stats", "dloss"), ("dt",),
+        return _AotKernel(self, "DistillBwdTeacher", ("s", "t", "hyper", "stats", "dloss"), ("dt",),
                           lambda s, t, *_: t, temperature, beta)
 
 
-def cpu_kernels():
-    """CpuDistillKernels of the library in use, or None when it is missing or predates the distillation kernels."""
+def aot_kernels(device="CPU"):
+    """AotDistillKernels of ``device``'s library ('CPU' or 'GPU'), or None when it is missing, cannot be built here
+    or predates the distillation kernels."""
+    if device not in ("CPU", "GPU"):
+        return None
     try:
-        path = _build.ensure_library("CPU")
-    except _build.BuildError:
+        path = _build.ensure_library(device)
+    except (_build.BuildError, OSError):
         return None
     try:  # a library given by MS_KLDIV_LIB_DIR may predate the distillation kernels
         if not hasattr(ctypes.CDLL(path), "DistillFwd"):
             return None
     except OSError:
         return None
-    return CpuDistillKernels(path)
+    return AotDistillKernels(path, device)

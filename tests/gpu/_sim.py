@@ -115,7 +115,7 @@ for call in calls:
     ndims = (ctypes.c_int * n)(*[v.ndim for v in views])
     shp = [(ctypes.c_int64 * max(v.ndim, 1))(*v.shape) for v in views]
     shapes = (ctypes.POINTER(ctypes.c_int64) * n)(*[ctypes.cast(s, ctypes.POINTER(ctypes.c_int64)) for s in shp])
-    dtypes = (ctypes.c_char_p * n)(*[dtype.encode()] * n)
+    dtypes = (ctypes.c_char_p * n)(*[d.encode() for d in call.get("dtypes") or [dtype] * n])
     fn = getattr(lib, symbol)
     fn.restype = ctypes.c_int
     rc = fn(ctypes.c_int(n), params, ndims, shapes, dtypes, ctypes.c_void_p(0), ctypes.c_void_p(0))
@@ -133,7 +133,8 @@ def run_calls(calls, lib_path=None, timeout=600):
 
     Each call: dict(symbol=..., dtype='float32'|..., arrays=[(ndarray, element_offset), ...], spec=k) where
     arrays are the inputs then the outputs (outputs' contents are ignored: they are filled with garbage
-    first) and k is the index of the first output. Returns [(rc, [outputs], live_allocations)].
+    first) and k is the index of the first output; ``dtypes`` (one name per array) overrides ``dtype`` where the
+    operands differ (the distillation ABI's float64 hyper-parameters and float32 statistics). Returns [(rc, [outputs], live_allocations)].
     """
     lib_path = lib_path or build()
     prepared = []

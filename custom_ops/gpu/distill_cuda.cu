@@ -1,0 +1,366 @@
+// CUDA implementation of the fused distillation ABI (custom_ops/common/distill_abi.h), in libkldiv_cuda.so next to
+// the KLDiv kernels. Every formula and the online-softmax state come from distill_math.h, shared with the CPU
+// kernels; this file only moves data.
+//
+// Rows of V logits; a group of R threads owns a row and the groups stride over the rows: R = 32 (a warp, eight
+// rows per block) for small vocabularies, R = 256 (the block) otherwise. 128-bit loads and stores when every row
+// starts 16-byte aligned. Forward KL / reverse KL: each thread keeps a distill::KlState of its elements (one read
+// of each row); the generalized JSD keeps both rows' log-sum-exp states, merges them, then sums its terms (two
+// reads). States merge across the group in a fixed order (warp shuffles, then the warps' states in shared
+// memory), so results are bitwise reproducible and independent of the grid; no atomics, no scratch memory.
+// Backward: the same groups, one pass writing the gradient(s) from the saved statistics.
+// (temperature, beta) stay in device memory (the hyper input) and every block reads them: the host never waits.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmath>
+
+#include "distill_abi.h"
+#include "kldiv_device.cuh"
+#include "kldiv_launch.cuh"
+
+namespace distill {
+namespace cuda {
+
+using kldiv::cuda::from_c;
+using kldiv::cuda::to_c;
+using kldiv::cuda::Vec16;
+
+constexpr int kThreads = 256;
+constexpr int64_t kWarpRowVocab = 2048;  // up to this many classes a warp owns a row
+constexpr int64_t kMaxBlocks = 65535 * 8;
+
+struct Hyper {
+  float inv_t, t, t_sq, beta, log_beta, log_1m_beta;
+  int kind;
+};
+
+__device__ __forceinline__ Hyper read_hyper(const double *hyper) {
+  const double temperature = hyper[0], beta = hyper[1];
+  Hyper h;
+  h.inv_t = (float)(1.0 / temperature);
+  h.t = (float)temperature;
+  h.t_sq = (float)(temperature * temperature);
+  h.kind = kind_of(beta);
+  h.beta = (float)beta;
+  h.log_beta = h.kind == 2 ? (float)log(beta) : 0.0f;
+  h.log_1m_beta = h.kind == 2 ? (float)log1p(-beta) : 0.0f;
+  return h;
+}
+
+// ------------------------------------------------------------------------------------------ group reductions
+struct Normalizers {  // the JSD's first pass: both rows' running log-sum-exp
+  Online s, t;
+};
+struct Sums {  // the JSD's second pass: sum(a), sum(b)
+  double a, b;
+};
+
+// A state made of doubles, shuffled field by field: from lane + o (down), or from lane 0 (o < 0).
+template <typename S>
+__device__ __forceinline__ S shfl(S v, int o) {
+  constexpr int kFields = sizeof(S) / sizeof(double);
+  static_assert(sizeof(S) == kFields * sizeof(double), "a state is a run of doubles");
+  double f[kFields];
+  memcpy(f, &v, sizeof(S));
+#pragma unroll
+  for (int i = 0; i < kFields; ++i)
+    f[i] = o < 0 ? __shfl_sync(0xffffffffu, f[i], 0) : __shfl_down_sync(0xffffffffu, f[i], o);
+  memcpy(&v, f, sizeof(S));
+  return v;
+}
+
+// The state of the whole group (R threads), in every thread of it; `empty` is the merge's identity. `part` is
+// shared memory for R / 32 states; with R > 32 every thread of the block must call this (it synchronizes).
+template <int R, typename S, typename Merge>
+__device__ __forceinline__ S group_reduce(S v, Merge merge, S empty, S *part) {
+  for (int o = 16; o > 0; o >>= 1) merge(&v, shfl(v, o));
+  if (R > 32) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    v = lane < R / 32 ? part[lane] : empty;
+    for (int o = 16; o > 0; o >>= 1) merge(&v, shfl(v, o));
+    __syncthreads();  // every warp has read part: the next call may overwrite it
+  }
+  return shfl(v, -1);
+}
+
+// ------------------------------------------------------------------------------------------ element loops
+// f(s_j, t_j) for this thread's elements of one row (lane of R), in float.
+template <int R, typename T, typename F>
+__device__ __forceinline__ void for_each_pair(const T *s, const T *t, int64_t vocab, int lane, bool vec, F &&f) {
+  int64_t done = 0;
+  if (vec) {
+    constexpr int N = Vec16<T>::kN;
+    const int64_t nv = vocab / N;
+    const Vec16<T> *sv = reinterpret_cast<const Vec16<T> *>(s);
+    const Vec16<T> *tv = reinterpret_cast<const Vec16<T> *>(t);
+    for (int64_t k = lane; k < nv; k += R) {
+      const Vec16<T> a = sv[k], b = tv[k];
+#pragma unroll
+      for (int j = 0; j < N; ++j) f(to_c(a.v[j]), to_c(b.v[j]));
+    }
+    done = nv * N;
+  }
+  for (int64_t k = done + lane; k < vocab; k += R) f(to_c(s[k]), to_c(t[k]));
+}
+
+// ------------------------------------------------------------------------------------------ forward
+// One row, forward KL or reverse KL: P = softmax(p / T) weights the difference, Q is the other (kl_from_sums).
+template <int R, typename T>
+__device__ __forceinline__ void forward_kl_row(const T *s, const T *t, int64_t vocab, const Hyper &h, int lane,
+                                               bool vec, KlState *part, float *stats) {
+  KlState k = kl_empty();
+  float bp = 0.0f, bq = 0.0f;
+  const bool p_is_teacher = h.kind == 0;
+  for_each_pair<R>(s, t, vocab, lane, vec, [&](float vs, float vt) {
+    const float vp = p_is_teacher ? vt : vs, vq = p_is_teacher ? vs : vt;
+    if (vp > k.p.m || vq > k.q.m) {
+      kl_move(&k, max_of(k.p.m, vp), max_of(k.q.m, vq), h.inv_t);
+      bp = (float)safe_base(k.p.m);
+      bq = (float)safe_base(k.q.m);
+    }
+    const float dp = vp - bp, dq = vq - bq;
+    const float ep = expf(dp * h.inv_t), eq = expf(dq * h.inv_t);
+    k.p.z += ep;
+    k.q.z += eq;
+    k.w += ep > 0.0f ? ep * (dp - dq) : 0.0f;  // a class without P mass adds 0, whatever Q says
+  });
+  const double inv_t = h.inv_t;
+  k = group_reduce<R>(k, [inv_t](KlState *a, KlState b) { kl_merge(a, b, inv_t); }, kl_empty(), part);
+  if (lane == 0) {
+    const double d = kl_from_sums(k.p, k.q, k.w, h.inv_t);
+    const Online os = p_is_teacher ? k.q : k.p, ot = p_is_teacher ? k.p : k.q;
+    stats[kLoss] = (float)((double)h.t_sq * d);
+    stats[kLogZStudent] = (float)log(os.z);
+    stats[kLogZTeacher] = (float)log(ot.z);
+    stats[kSumA] = p_is_teacher ? 0.0f : (float)d;
+    stats[kSumB] = p_is_teacher ? (float)d : 0.0f;
+    stats[kMaxStudent] = (float)safe_base(os.m);
+    stats[kMaxTeacher] = (float)safe_base(ot.m);
+    stats[7] = 0.0f;
+  }
+}
+
+// One row, generalized JSD: both normalizers first (log M needs them), then sum(a) and sum(b).
+template <int R, typename T>
+__device__ __forceinline__ void forward_jsd_row(const T *s, const T *t, int64_t vocab, const Hyper &h, int lane,
+                                                bool vec, Normalizers *norm_part, Sums *sum_part,
+                                                float *stats) {
+  const Normalizers none{online_empty(), online_empty()};
+  Normalizers o = none;
+  float bs = 0.0f, bt = 0.0f;
+  for_each_pair<R>(s, t, vocab, lane, vec, [&](float vs, float vt) {
+    if (vs > o.s.m) {
+      online_rescale(&o.s, vs, h.inv_t);
+      bs = vs;
+    }
+    if (vt > o.t.m) {
+      online_rescale(&o.t, vt, h.inv_t);
+      bt = vt;
+    }
+    o.s.z += expf((vs - bs) * h.inv_t);
+    o.t.z += expf((vt - bt) * h.inv_t);
+  });
+  const double inv_t = h.inv_t;
+  o = group_reduce<R>(o, [inv_t](Normalizers *a, Normalizers b) {
+        online_merge(&a->s, b.s, inv_t);
+        online_merge(&a->t, b.t, inv_t);
+      }, none, norm_part);
+  const float ms = (float)safe_base(o.s.m), mt = (float)safe_base(o.t.m);
+  const float lzs = (float)log(o.s.z), lzt = (float)log(o.t.z);
+  Sums sums{0.0, 0.0};
+  for_each_pair<R>(s, t, vocab, lane, vec, [&](float vs, float vt) {
+    float a, b;
+    jsd_terms((vs - ms) * h.inv_t - lzs, (vt - mt) * h.inv_t - lzt, h.log_beta, h.log_1m_beta, h.beta, &a, &b);
+    sums.a += a;
+    sums.b += b;
+  });
+  sums = group_reduce<R>(sums, [](Sums *x, Sums y) {
+           x->a += y.a;
+           x->b += y.b;
+         }, Sums{0.0, 0.0}, sum_part);
+  if (lane == 0) {
+    const double d = sums.a + sums.b;
+    stats[kLoss] = (float)((double)h.t_sq * d);
+    stats[kLogZStudent] = lzs;
+    stats[kLogZTeacher] = lzt;
+    stats[kSumA] = (float)sums.a;
+    stats[kSumB] = (float)sums.b;
+    stats[kMaxStudent] = ms;
+    stats[kMaxTeacher] = mt;
+    stats[7] = 0.0f;
+  }
+}
+
+template <typename T, int R>
+__global__ void distill_fwd(const T *__restrict__ s, const T *__restrict__ t, const double *__restrict__ hyper,
+                            float *__restrict__ stats, int64_t rows, int64_t vocab, bool vec) {
+  __shared__ KlState kl_part[kThreads / 32];
+  __shared__ Normalizers norm_part[kThreads / 32];
+  __shared__ Sums sum_part[kThreads / 32];
+  const Hyper h = read_hyper(hyper);
+  constexpr int kGroups = kThreads / R;
+  const int lane = threadIdx.x % R;
+  for (int64_t row = (int64_t)blockIdx.x * kGroups + threadIdx.x / R; row < rows; row += (int64_t)gridDim.x * kGroups) {
+    const int64_t off = row * vocab;
+    if (h.kind == 2)
+      forward_jsd_row<R>(s + off, t + off, vocab, h, lane, vec, norm_part, sum_part, stats + row * kStats);
+    else
+      forward_kl_row<R>(s + off, t + off, vocab, h, lane, vec, kl_part, stats + row * kStats);
+  }
+}
+
+// ------------------------------------------------------------------------------------------ backward
+// The gradients of one row (ds / dt null: not wanted), g_t = dloss[row] * T.
+template <int R, int kKind, typename T>
+__device__ __forceinline__ void backward_row(const T *s, const T *t, int64_t vocab, const Hyper &h,
+                                             const float *st, float g_t, int lane, bool vec, T *ds, T *dt) {
+  const float ms = st[kMaxStudent], mt = st[kMaxTeacher], lzs = st[kLogZStudent], lzt = st[kLogZTeacher];
+  const float sa = st[kSumA], sb = st[kSumB];
+  auto one = [&](float vs, float vt, float *gs, float *gt) {
+    grads(kKind, (vs - ms) * h.inv_t - lzs, (vt - mt) * h.inv_t - lzt, sa, sb, h.log_beta, h.log_1m_beta, h.beta,
+          g_t, gs, gt);
+  };
+  int64_t done = 0;
+  if (vec) {
+    constexpr int N = Vec16<T>::kN;
+    const int64_t nv = vocab / N;
+    for (int64_t k = lane; k < nv; k += R) {
+      const Vec16<T> a = reinterpret_cast<const Vec16<T> *>(s)[k], b = reinterpret_cast<const Vec16<T> *>(t)[k];
+      Vec16<T> rs, rt;
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        float gs, gt;
+        one(to_c(a.v[j]), to_c(b.v[j]), &gs, &gt);
+        rs.v[j] = from_c<T>(gs);
+        rt.v[j] = from_c<T>(gt);
+      }
+      if (ds) reinterpret_cast<Vec16<T> *>(ds)[k] = rs;
+      if (dt) reinterpret_cast<Vec16<T> *>(dt)[k] = rt;
+    }
+    done = nv * N;
+  }
+  for (int64_t k = done + lane; k < vocab; k += R) {
+    float gs, gt;
+    one(to_c(s[k]), to_c(t[k]), &gs, &gt);
+    if (ds) ds[k] = from_c<T>(gs);
+    if (dt) dt[k] = from_c<T>(gt);
+  }
+}
+
+template <typename T, int R>
+__global__ void distill_bwd(const T *__restrict__ s, const T *__restrict__ t, const double *__restrict__ hyper,
+                            const float *__restrict__ stats, const float *__restrict__ dloss, T *__restrict__ ds,
+                            T *__restrict__ dt, int64_t rows, int64_t vocab, bool vec) {
+  const Hyper h = read_hyper(hyper);
+  constexpr int kGroups = kThreads / R;
+  const int lane = threadIdx.x % R;
+  for (int64_t row = (int64_t)blockIdx.x * kGroups + threadIdx.x / R; row < rows; row += (int64_t)gridDim.x * kGroups) {
+    const int64_t off = row * vocab;
+    T *dsr = ds ? ds + off : nullptr, *dtr = dt ? dt + off : nullptr;
+    const float g = dloss[row];
+    if (g == 0.0f) {  // an ignored row (or a zero incoming gradient): exact zeros, the logits are not read
+      for (int64_t k = lane; k < vocab; k += R) {
+        if (dsr) dsr[k] = from_c<T>(0.0f);
+        if (dtr) dtr[k] = from_c<T>(0.0f);
+      }
+      continue;
+    }
+    const float *st = stats + row * kStats;
+    const float g_t = g * h.t;
+    if (h.kind == 0)
+      backward_row<R, 0>(s + off, t + off, vocab, h, st, g_t, lane, vec, dsr, dtr);
+    else if (h.kind == 1)
+      backward_row<R, 1>(s + off, t + off, vocab, h, st, g_t, lane, vec, dsr, dtr);
+    else
+      backward_row<R, 2>(s + off, t + off, vocab, h, st, g_t, lane, vec, dsr, dtr);
+  }
+}
+
+// ------------------------------------------------------------------------------------------ host side
+enum Op : int { kForward = 0, kBoth = 1, kStudent = 2, kTeacher = 3 };
+
+static bool aligned16(const void *p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+static int64_t blocks_for(int64_t rows, int groups) {
+  const int64_t b = (rows + groups - 1) / groups;
+  return b < kMaxBlocks ? b : kMaxBlocks;
+}
+
+template <typename T, int R>
+static int launch(int op, void **params, int64_t rows, int64_t vocab, cudaStream_t stream) {
+  const T *s = static_cast<const T *>(params[0]), *t = static_cast<const T *>(params[1]);
+  const double *hyper = static_cast<const double *>(params[2]);
+  float *stats = static_cast<float *>(params[3]);
+  const int64_t blocks = blocks_for(rows, kThreads / R);
+  const bool rows_aligned = (vocab * (int64_t)sizeof(T)) % 16 == 0 && aligned16(s) && aligned16(t);
+  if (op == kForward) {
+    KLDIV_LAUNCH((unsigned)blocks, kThreads, 0, stream, distill_fwd<T, R>)(s, t, hyper, stats, rows, vocab,
+                                                                           rows_aligned);
+  } else {
+    T *ds = op == kBoth || op == kStudent ? static_cast<T *>(params[5]) : nullptr;
+    T *dt = op == kBoth ? static_cast<T *>(params[6]) : op == kTeacher ? static_cast<T *>(params[5]) : nullptr;
+    const bool vec = rows_aligned && (!ds || aligned16(ds)) && (!dt || aligned16(dt));
+    KLDIV_LAUNCH((unsigned)blocks, kThreads, 0, stream, distill_bwd<T, R>)(
+        s, t, hyper, stats, static_cast<const float *>(params[4]), ds, dt, rows, vocab, vec);
+  }
+  return cudaPeekAtLastError() == cudaSuccess ? 0 : 4;
+}
+
+template <typename T>
+static int launch_for_vocab(int op, void **params, int64_t rows, int64_t vocab, cudaStream_t stream) {
+  return vocab <= kWarpRowVocab ? launch<T, 32>(op, params, rows, vocab, stream)
+                                : launch<T, kThreads>(op, params, rows, vocab, stream);
+}
+
+static int run(int op, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream) {
+  const int expected = op == kForward ? 4 : (op == kBoth ? 7 : 6);
+  if (nparam != expected || ndims[0] < 1 || ndims[0] != ndims[1]) return 1;
+  for (int d = 0; d < ndims[0]; ++d) {
+    if (shapes[0][d] != shapes[1][d]) return 1;
+  }
+  if (strcmp(dtypes[0], dtypes[1]) != 0 || strcmp(dtypes[2], "float64") != 0) return 1;
+  const int64_t vocab = shapes[0][ndims[0] - 1];
+  int64_t rows = 1;
+  for (int d = 0; d + 1 < ndims[0]; ++d) rows *= shapes[0][d];
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (rows == 0) return 0;
+  if (vocab == 0) {  // no classes: every divergence is 0 (the gradients have no elements)
+    if (op == kForward) cudaMemsetAsync(params[3], 0, sizeof(float) * kStats * rows, s);
+    return cudaPeekAtLastError() == cudaSuccess ? 0 : 4;
+  }
+  if (!strcmp(dtypes[0], "float32")) return launch_for_vocab<float>(op, params, rows, vocab, s);
+  if (!strcmp(dtypes[0], "float16")) return launch_for_vocab<__half>(op, params, rows, vocab, s);
+  if (!strcmp(dtypes[0], "bfloat16")) return launch_for_vocab<__nv_bfloat16>(op, params, rows, vocab, s);
+  return 1;
+}
+
+}  // namespace cuda
+}  // namespace distill
+
+DISTILL_DECLARE_KERNEL(DistillFwd) {
+  (void)extra;
+  return distill::cuda::run(distill::cuda::kForward, nparam, params, ndims, shapes, dtypes, stream);
+}
+
+DISTILL_DECLARE_KERNEL(DistillBwd) {
+  (void)extra;
+  return distill::cuda::run(distill::cuda::kBoth, nparam, params, ndims, shapes, dtypes, stream);
+}
+
+DISTILL_DECLARE_KERNEL(DistillBwdStudent) {
+  (void)extra;
+  return distill::cuda::run(distill::cuda::kStudent, nparam, params, ndims, shapes, dtypes, stream);
+}
+
+DISTILL_DECLARE_KERNEL(DistillBwdTeacher) {
+  (void)extra;
+  return distill::cuda::run(distill::cuda::kTeacher, nparam, params, ndims, shapes, dtypes, stream);
+}
+
+DISTILL_DEFINE_INFER_SHAPES
