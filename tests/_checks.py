@@ -1,5 +1,6 @@
 """Data and checking helpers of the test suite: Tensors whose exact values are known, the float64 reference
 with the error scale of each value, and the comparisons. See conftest.py's docstring for the whole API."""
+import re
 from collections import namedtuple
 
 import numpy as np
@@ -17,6 +18,11 @@ TOL = {ms.float64: 1e-12, ms.float32: 1e-5, ms.float16: 2e-3, ms.bfloat16: 1.6e-
 # A result in a dtype's subnormal range has a fixed absolute spacing (its smallest subnormal): no relative
 # tolerance applies there.
 SUBNORMAL_SPACING = {ms.float64: 2.0**-1074, ms.float32: 2.0**-149, ms.float16: 2.0**-24, ms.bfloat16: 2.0**-133}
+
+
+def distill_abi_kernels(text):
+    """The kernels distill_abi.h lists in its table (its DECLARE macros make the exports, each with InferShape)."""
+    return set(re.findall(r"^//\s+(Distill\w+)\s+nparam", text, flags=re.M))
 
 
 def cpu_isa():

@@ -13,6 +13,8 @@ import pytest
 
 from ms_kldiv import _build
 
+from conftest import distill_abi_kernels
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STUDY = os.path.join(ROOT, "benchmarks", "kldiv_roofline.py")
 DIAGNOSTICS = {"KLDivTakeLastSpan", "KLDivStreamRead", "KLDivPoolCheck"}
@@ -36,8 +38,7 @@ def _abi_exports():
             with open(os.path.join(src, "common", header), encoding="utf-8") as f:
                 text = f.read()
             names |= set(re.findall(r"KLDIV_EXPORT[^;{(]*?\b(\w+)\s*\(", text))
-            # distill_abi.h lists its kernels by name (the exports are made by its DECLARE macros), each with InferShape
-            kernels = set(re.findall(r"^//\s+(Distill\w+)\s+nparam", text, flags=re.M))
+            kernels = distill_abi_kernels(text)
             names |= kernels | {k + "InferShape" for k in kernels}
     return names
 

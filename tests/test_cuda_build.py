@@ -17,6 +17,8 @@ import pytest
 
 from ms_kldiv import _build
 
+from conftest import distill_abi_kernels
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(ROOT, "custom_ops")
 NVCC = _build._nvcc() if hasattr(_build, "_nvcc") else shutil.which("nvcc")
@@ -36,9 +38,8 @@ def abi_symbols():
         for kind in ("Fwd", "Bwd", "BwdInput", "BwdTarget"):
             fn = f"KLDiv{kind}{red}{space}"
             names |= {fn, fn + "InferShape"}
-    # the fused distillation kernels, listed by name in distill_abi.h, each with its InferShape
     with open(os.path.join(SRC, "common", "distill_abi.h"), encoding="utf-8") as f:
-        distill = set(re.findall(r"^//\s+(Distill\w+)\s+nparam", f.read(), flags=re.M))
+        distill = distill_abi_kernels(f.read())
     assert len(distill) == 4, distill
     return names | distill | {n + "InferShape" for n in distill}
 

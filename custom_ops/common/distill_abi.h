@@ -14,6 +14,7 @@
 #pragma once
 
 #include <stdint.h>
+#include <string.h>
 
 #include <vector>
 
@@ -23,6 +24,27 @@
 #define DISTILL_DECLARE_KERNEL(Fn) KLDIV_DECLARE_KERNEL(Fn)
 
 namespace distill {
+// The four entry points and where their gradient outputs are (-1: not written).
+enum Op : int { kForward = 0, kBoth = 1, kStudent = 2, kTeacher = 3 };
+inline int nparam_of(int op) { return op == kForward ? 4 : op == kBoth ? 7 : 6; }
+inline int ds_param(int op) { return op == kBoth || op == kStudent ? 5 : -1; }
+inline int dt_param(int op) { return op == kBoth ? 6 : op == kTeacher ? 5 : -1; }
+
+// The call's rows and vocabulary; false for a layout Python already excludes (parameter count, shapes, dtypes).
+// The logits' dtype itself is the device's to check.
+inline bool rows_and_vocab(int op, int nparam, const int *ndims, int64_t *const *shapes, const char **dtypes,
+                           int64_t *rows, int64_t *vocab) {
+  if (nparam != nparam_of(op) || ndims[0] < 1 || ndims[0] != ndims[1]) return false;
+  for (int d = 0; d < ndims[0]; ++d) {
+    if (shapes[0][d] != shapes[1][d]) return false;
+  }
+  if (!dtypes[0] || !dtypes[1] || strcmp(dtypes[0], dtypes[1]) != 0 || strcmp(dtypes[2], "float64") != 0) return false;
+  *vocab = shapes[0][ndims[0] - 1];
+  *rows = 1;
+  for (int d = 0; d + 1 < ndims[0]; ++d) *rows *= shapes[0][d];
+  return true;
+}
+
 // [..., V] -> [..., kStats]; a dynamic rank stays dynamic.
 inline std::vector<int64_t> stats_shape(const int *ndims, int64_t *const *shapes) {
   if (ndims[0] < 1 || shapes[0][0] == -2) return {-2};
@@ -50,4 +72,23 @@ inline std::vector<int64_t> stats_shape(const int *ndims, int64_t *const *shapes
   KLDIV_DECLARE_FWD_INFER(DistillBwdTeacher) {                                                            \
     (void)extra;                                                                                          \
     return std::vector<int64_t>(shapes[1], shapes[1] + ndims[1]);                                         \
+  }
+
+// The four exports, each calling run(op, nparam, params, ndims, shapes, dtypes, stream) of the device's front end.
+#define DISTILL_DEFINE_EXPORTS(run)                                                                       \
+  DISTILL_DECLARE_KERNEL(DistillFwd) {                                                                    \
+    (void)extra;                                                                                          \
+    return run(distill::kForward, nparam, params, ndims, shapes, dtypes, stream);                         \
+  }                                                                                                       \
+  DISTILL_DECLARE_KERNEL(DistillBwd) {                                                                    \
+    (void)extra;                                                                                          \
+    return run(distill::kBoth, nparam, params, ndims, shapes, dtypes, stream);                            \
+  }                                                                                                       \
+  DISTILL_DECLARE_KERNEL(DistillBwdStudent) {                                                             \
+    (void)extra;                                                                                          \
+    return run(distill::kStudent, nparam, params, ndims, shapes, dtypes, stream);                         \
+  }                                                                                                       \
+  DISTILL_DECLARE_KERNEL(DistillBwdTeacher) {                                                             \
+    (void)extra;                                                                                          \
+    return run(distill::kTeacher, nparam, params, ndims, shapes, dtypes, stream);                         \
   }

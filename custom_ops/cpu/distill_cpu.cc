@@ -25,21 +25,13 @@ int parse_dtype(const char *s) {
   return -1;
 }
 
-enum Op : int { kForward = 0, kBoth = 1, kStudent = 2, kTeacher = 3 };
-
-int run(int op, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
-  const bool forward = op == kForward;
-  const int expected = forward ? 4 : (op == kBoth ? 7 : 6);
-  if (nparam != expected || ndims[0] < 1 || ndims[0] != ndims[1]) return 1;
-  for (int d = 0; d < ndims[0]; ++d) {
-    if (shapes[0][d] != shapes[1][d]) return 1;
-  }
+int run(int op, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream) {
+  (void)stream;
+  const bool forward = op == distill::kForward;
   DistillJob j;
+  if (!distill::rows_and_vocab(op, nparam, ndims, shapes, dtypes, &j.rows, &j.vocab)) return 1;
   j.dtype = parse_dtype(dtypes[0]);
-  if (j.dtype < 0 || parse_dtype(dtypes[1]) != j.dtype || strcmp(dtypes[2], "float64") != 0) return 1;
-  j.vocab = shapes[0][ndims[0] - 1];
-  j.rows = 1;
-  for (int d = 0; d + 1 < ndims[0]; ++d) j.rows *= shapes[0][d];
+  if (j.dtype < 0) return 1;
   const double *hyper = static_cast<const double *>(params[2]);
   const double temperature = hyper[0], beta = hyper[1];
   j.inv_t = static_cast<float>(1.0 / temperature);
@@ -53,8 +45,8 @@ int run(int op, int nparam, void **params, int *ndims, int64_t **shapes, const c
   j.t_logits = params[1];
   j.stats = static_cast<float *>(params[3]);
   j.dloss = forward ? nullptr : static_cast<const float *>(params[4]);
-  j.ds = op == kBoth || op == kStudent ? params[5] : nullptr;
-  j.dt = op == kBoth ? params[6] : op == kTeacher ? params[5] : nullptr;
+  j.ds = distill::ds_param(op) >= 0 ? params[distill::ds_param(op)] : nullptr;
+  j.dt = distill::dt_param(op) >= 0 ? params[distill::dt_param(op)] : nullptr;
   if (j.rows == 0) return 0;
   if (j.vocab == 0) {  // no classes: every divergence is 0 (the gradients have no elements)
     if (forward) memset(j.stats, 0, sizeof(float) * distill::kStats * j.rows);
@@ -67,28 +59,6 @@ int run(int op, int nparam, void **params, int *ndims, int64_t **shapes, const c
 
 }  // namespace
 
-DISTILL_DECLARE_KERNEL(DistillFwd) {
-  (void)stream;
-  (void)extra;
-  return run(kForward, nparam, params, ndims, shapes, dtypes);
-}
-
-DISTILL_DECLARE_KERNEL(DistillBwd) {
-  (void)stream;
-  (void)extra;
-  return run(kBoth, nparam, params, ndims, shapes, dtypes);
-}
-
-DISTILL_DECLARE_KERNEL(DistillBwdStudent) {
-  (void)stream;
-  (void)extra;
-  return run(kStudent, nparam, params, ndims, shapes, dtypes);
-}
-
-DISTILL_DECLARE_KERNEL(DistillBwdTeacher) {
-  (void)stream;
-  (void)extra;
-  return run(kTeacher, nparam, params, ndims, shapes, dtypes);
-}
+DISTILL_DEFINE_EXPORTS(run)
 
 DISTILL_DEFINE_INFER_SHAPES

@@ -283,8 +283,6 @@ __global__ void distill_bwd(const T *__restrict__ s, const T *__restrict__ t, co
 }
 
 // ------------------------------------------------------------------------------------------ host side
-enum Op : int { kForward = 0, kBoth = 1, kStudent = 2, kTeacher = 3 };
-
 static bool aligned16(const void *p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 static int64_t blocks_for(int64_t rows, int groups) {
@@ -303,8 +301,8 @@ static int launch(int op, void **params, int64_t rows, int64_t vocab, cudaStream
     KLDIV_LAUNCH((unsigned)blocks, kThreads, 0, stream, distill_fwd<T, R>)(s, t, hyper, stats, rows, vocab,
                                                                            rows_aligned);
   } else {
-    T *ds = op == kBoth || op == kStudent ? static_cast<T *>(params[5]) : nullptr;
-    T *dt = op == kBoth ? static_cast<T *>(params[6]) : op == kTeacher ? static_cast<T *>(params[5]) : nullptr;
+    T *ds = ds_param(op) >= 0 ? static_cast<T *>(params[ds_param(op)]) : nullptr;
+    T *dt = dt_param(op) >= 0 ? static_cast<T *>(params[dt_param(op)]) : nullptr;
     const bool vec = rows_aligned && (!ds || aligned16(ds)) && (!dt || aligned16(dt));
     KLDIV_LAUNCH((unsigned)blocks, kThreads, 0, stream, distill_bwd<T, R>)(
         s, t, hyper, stats, static_cast<const float *>(params[4]), ds, dt, rows, vocab, vec);
@@ -319,15 +317,8 @@ static int launch_for_vocab(int op, void **params, int64_t rows, int64_t vocab, 
 }
 
 static int run(int op, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream) {
-  const int expected = op == kForward ? 4 : (op == kBoth ? 7 : 6);
-  if (nparam != expected || ndims[0] < 1 || ndims[0] != ndims[1]) return 1;
-  for (int d = 0; d < ndims[0]; ++d) {
-    if (shapes[0][d] != shapes[1][d]) return 1;
-  }
-  if (strcmp(dtypes[0], dtypes[1]) != 0 || strcmp(dtypes[2], "float64") != 0) return 1;
-  const int64_t vocab = shapes[0][ndims[0] - 1];
-  int64_t rows = 1;
-  for (int d = 0; d + 1 < ndims[0]; ++d) rows *= shapes[0][d];
+  int64_t rows, vocab;
+  if (!rows_and_vocab(op, nparam, ndims, shapes, dtypes, &rows, &vocab)) return 1;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (rows == 0) return 0;
   if (vocab == 0) {  // no classes: every divergence is 0 (the gradients have no elements)
@@ -343,24 +334,6 @@ static int run(int op, int nparam, void **params, int *ndims, int64_t **shapes, 
 }  // namespace cuda
 }  // namespace distill
 
-DISTILL_DECLARE_KERNEL(DistillFwd) {
-  (void)extra;
-  return distill::cuda::run(distill::cuda::kForward, nparam, params, ndims, shapes, dtypes, stream);
-}
-
-DISTILL_DECLARE_KERNEL(DistillBwd) {
-  (void)extra;
-  return distill::cuda::run(distill::cuda::kBoth, nparam, params, ndims, shapes, dtypes, stream);
-}
-
-DISTILL_DECLARE_KERNEL(DistillBwdStudent) {
-  (void)extra;
-  return distill::cuda::run(distill::cuda::kStudent, nparam, params, ndims, shapes, dtypes, stream);
-}
-
-DISTILL_DECLARE_KERNEL(DistillBwdTeacher) {
-  (void)extra;
-  return distill::cuda::run(distill::cuda::kTeacher, nparam, params, ndims, shapes, dtypes, stream);
-}
+DISTILL_DEFINE_EXPORTS(distill::cuda::run)
 
 DISTILL_DEFINE_INFER_SHAPES

@@ -134,7 +134,8 @@ def run_calls(calls, lib_path=None, timeout=600):
     Each call: dict(symbol=..., dtype='float32'|..., arrays=[(ndarray, element_offset), ...], spec=k) where
     arrays are the inputs then the outputs (outputs' contents are ignored: they are filled with garbage
     first) and k is the index of the first output; ``dtypes`` (one name per array) overrides ``dtype`` where the
-    operands differ (the distillation ABI's float64 hyper-parameters and float32 statistics). Returns [(rc, [outputs], live_allocations)].
+    operands differ (the distillation ABI's float64 hyper-parameters and float32 statistics).
+    Returns [(rc, [outputs], live_allocations)].
     """
     lib_path = lib_path or build()
     prepared = []

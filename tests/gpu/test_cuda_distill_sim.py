@@ -28,38 +28,34 @@ def rounded(x, dtype):
     return _sim.decode(_sim.encode(x, dtype), dtype)
 
 
-def distill_calls(s, t, temperature, beta, dtype, dloss, offset=0, **sim):
-    """Forward, both-gradient backward, student-only and teacher-only backward of one case (stats from the
-    reference's forward are not needed: the backward calls take the forward's own output, run first)."""
-    es, et = _sim.encode(s, dtype), _sim.encode(t, dtype)
-    hyper = np.array([temperature, beta], np.float64)
-    lead = s.shape[:-1]
-    stats = np.empty(lead + (STATS,), np.float32)
+def abi_calls(es, et, hyper, stats, g, dtype, offset, **sim):
+    """The ABI calls of one case: the forward alone (``stats`` None), else the three backward entry points."""
     base = dict(dtype=dtype, **sim)
-    fwd = dict(base, symbol="DistillFwd", dtypes=[dtype, dtype, "float64", "float32"],
-               arrays=[(es, offset), (et, offset), (hyper, 0), (stats, offset)], spec=3)
-    return fwd, (es, et, hyper, np.asarray(dloss, np.float32).reshape(lead))
-
-
-def backward_calls(prepared, stats, dtype, offset=0, **sim):
-    es, et, hyper, g = prepared
-    base = dict(dtype=dtype, **sim)
-    ins = [(es, offset), (et, offset), (hyper, 0), (stats, offset), (g, offset)]
-    types = [dtype, dtype, "float64", "float32", "float32"]
-    return [dict(base, symbol="DistillBwd", dtypes=types + [dtype, dtype],
-                 arrays=ins + [(np.empty_like(es), offset), (np.empty_like(et), offset)], spec=5),
-            dict(base, symbol="DistillBwdStudent", dtypes=types + [dtype],
-                 arrays=ins + [(np.empty_like(es), offset)], spec=5),
-            dict(base, symbol="DistillBwdTeacher", dtypes=types + [dtype],
-                 arrays=ins + [(np.empty_like(et), offset)], spec=5)]
+    ins = [(es, offset), (et, offset), (hyper, 0)]
+    types = [dtype, dtype, "float64", "float32"]
+    if stats is None:
+        lead = es.shape[:-1]
+        return [dict(base, symbol="DistillFwd", dtypes=types, spec=3,
+                     arrays=ins + [(np.empty(lead + (STATS,), np.float32), offset)])]
+    ins += [(stats, offset), (g, offset)]
+    types += ["float32"]
+    return [dict(base, symbol="DistillBwd", dtypes=types + [dtype, dtype], spec=5,
+                 arrays=ins + [(np.empty_like(es), offset), (np.empty_like(et), offset)]),
+            dict(base, symbol="DistillBwdStudent", dtypes=types + [dtype], spec=5,
+                 arrays=ins + [(np.empty_like(es), offset)]),
+            dict(base, symbol="DistillBwdTeacher", dtypes=types + [dtype], spec=5,
+                 arrays=ins + [(np.empty_like(et), offset)])]
 
 
 def run_case(s, t, temperature, beta, dtype, dloss, offset=0, lib_path=None, **sim):
-    """(stats, (ds, dt), ds alone, dt alone) from the library (the stand-in by default)."""
-    fwd, prepared = distill_calls(s, t, temperature, beta, dtype, dloss, offset, **sim)
-    (rc, (stats,), live), = _sim.run_calls([fwd], lib_path)
+    """(stats, (ds, dt), ds alone, dt alone) from the library (the stand-in by default); the backward calls take
+    the forward's own statistics."""
+    es, et = _sim.encode(s, dtype), _sim.encode(t, dtype)
+    hyper = np.array([temperature, beta], np.float64)
+    g = np.asarray(dloss, np.float32).reshape(s.shape[:-1])
+    (rc, (stats,), live), = _sim.run_calls(abi_calls(es, et, hyper, None, g, dtype, offset, **sim), lib_path)
     assert rc == 0 and live == 0, (rc, live)
-    out = _sim.run_calls(backward_calls(prepared, stats, dtype, offset, **sim), lib_path)
+    out = _sim.run_calls(abi_calls(es, et, hyper, stats, g, dtype, offset, **sim), lib_path)
     assert [r[0] for r in out] == [0, 0, 0] and [r[2] for r in out] == [0, 0, 0], [(r[0], r[2]) for r in out]
     (_, (ds, dt), _), (_, (ds1,), _), (_, (dt1,), _) = out
     dec = lambda a: _sim.decode(a, dtype)  # noqa: E731
@@ -71,7 +67,7 @@ def logits(shape, seed, scale=3.0):
     return rng.normal(size=shape) * scale, rng.normal(size=shape) * scale, rng.normal(size=shape[:-1])
 
 
-def magnitudes(s, t, temperature, beta):
+def magnitudes(s, t, temperature):
     """Sizes of the terms each result sums (rounding errors scale with them, not with the result)."""
     ls = ref.log_softmax(s / temperature)
     lt = ref.log_softmax(t / temperature)
@@ -90,7 +86,7 @@ def check_case(s, t, temperature, beta, dtype_id, dloss, offset=0, **sim):
     tol = TOL[dtype_id]
     # P of a far-off class can be a float32 subnormal: what it weights then has absolute, not relative, accuracy
     atol = max(ATOL[dtype_id], 2.0 ** -126)
-    loss_mag, grad_mag = magnitudes(s, t, temperature, beta)
+    loss_mag, grad_mag = magnitudes(s, t, temperature)
     exp_loss = ref.distillation_pointwise(s, t, temperature, beta).sum(axis=-1)
     close(stats[..., 0], exp_loss, max(tol, 1e-5), loss_mag, "row loss", 1e-30)
     eds, edt = ref.distillation_row_grads(s, t, temperature, beta, dloss)
@@ -156,7 +152,7 @@ def test_matches_cpu_library(shape, beta, dtype_id):
     cpu = run_case(s, t, 1.5, beta, dtype, g, lib_path=_build.ensure_library("CPU"))
     np.testing.assert_array_equal(sim[0][..., 5:7], cpu[0][..., 5:7])
     np.testing.assert_allclose(sim[0][..., :5], cpu[0][..., :5], rtol=2e-6, atol=2e-6)
-    loss_mag, grad_mag = magnitudes(s, t, 1.5, beta)
+    _, grad_mag = magnitudes(s, t, 1.5)
     for a, b, what in ((sim[1][0], cpu[1][0], "d_student"), (sim[1][1], cpu[1][1], "d_teacher")):
         close(a, b, 2 * max(TOL[dtype_id], 2e-5), grad_mag * np.abs(g)[..., None], what, 2 * ATOL[dtype_id])
 
