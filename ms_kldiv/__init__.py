@@ -4,7 +4,7 @@ Usage::
 
     loss_fn = ms_kldiv.KLDivLoss(reduction='batchmean', log_target=True)   # nn.Cell
     loss = ms_kldiv.kl_div(input, target, reduction='mean')                # functional form
-    ms_kldiv.backend_info()                                                # what runs on this device, and why
+    ms_kldiv.backend_info(op=None)                                         # what runs on this device, and why
 """
 from ._compat import check_mindspore as _check_mindspore
 from ._env import keep_cwd_clean as _keep_cwd_clean
@@ -28,7 +28,9 @@ def backend_names():
     return backends.names()
 
 
-def backend_info(device=None):
-    """One dict per backend for `device` (default: MindSpore's current device target): whether it is
-    available, why not, its preference, and which one ``backend='auto'`` picks."""
-    return backends.backend_info(device)
+def backend_info(device=None, op="kl_div"):
+    """One dict per backend for ``op`` on `device` (default: MindSpore's current device target): whether it is
+    available, why not, its preference, and which one ``backend='auto'`` picks. ``op``: ``'kl_div'`` (kl_div,
+    KLDivLoss), ``'distillation'`` (distillation_loss, DistillationLoss, FusedLinearDistillationLoss) or None for
+    the rows of every op."""
+    return backends.backend_info(device, op)

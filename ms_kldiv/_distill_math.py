@@ -1,6 +1,7 @@
 """Distillation from logits, value and both gradients in closed form, in MindSpore ops: what a fused kernel computes
-for a block of rows, written once for the chunked head (``ms_kldiv.fused_linear``), which needs d(logits) without
-autodiff (its chunks run inside a Cell's forward, where MindSpore records no gradient).
+for a block of rows, declared once. The composite backend's distillation kernels are these formulas; the fused
+kernels' second-order gradients are these formulas differentiated. Like ``ms_kldiv._math`` (whose zero-mass
+pointwise KL it uses) this module is the bottom layer: it imports nothing else of the package.
 
 For rows of student logits s and teacher logits t, P_s = softmax(s/T), P_t = softmax(t/T), the loss is
 T^2 * D_beta summed over the rows (``ms_kldiv.reference.distillation_pointwise`` is the float64 twin):
@@ -24,68 +25,97 @@ import mindspore as ms
 from mindspore import ops
 from mindspore.ops import constexpr
 
-from .functional import kl_div
+from . import _math
 
+#: Columns of the distillation kernels' per-row statistics (distill::kStats in custom_ops/common/distill_math.h).
+STATS = 8
 _NEG_INF = float("-inf")
+_pointwise_kl = _math.pointwise(True).loss  # p (log p - log q) for (log q, log p), exactly 0 where p is 0
 
 
 @constexpr
-def _constants(temperature, beta):
-    # In Python, at full precision: graph mode holds float constants (and their arithmetic) as float32.
+def constants(temperature, beta):
+    """(1/T, T, T^2, beta, 1 - beta, log beta, log(1 - beta)) as float64 0-d tensors, computed in Python at full
+    precision: graph mode holds float constants (and their arithmetic) as float32."""
     logs = (math.log(beta), math.log1p(-beta)) if 0 < beta < 1 else (0.0, 0.0)
     return tuple(ms.Tensor(v, ms.float64) for v in (1.0 / temperature, temperature, temperature * temperature,
                                                      beta, 1.0 - beta) + logs)
 
 
-def _pointwise_kl(log_q, log_p):
-    """p (log p - log q) elementwise, exactly 0 where p is 0: kl_div's pointwise loss in log space (its fastest
-    backend, with the zero-mass rule)."""
-    return kl_div(log_q, log_p, reduction="none", log_target=True)
+_row_max_prim = ops.ReduceMax(keep_dims=True)
 
 
-def _log_softmax_plain(z):
-    # Plain ops, differentiable to any order (MindSpore's LogSoftmaxGrad has no bprop); the shift is a constant.
-    shifted = z - ops.stop_gradient(ops.amax(z, -1, True))
+def _row_max(z):
+    # the primitive: graph mode fails to differentiate a bprop Cell that calls ops.amax's Python wrapper
+    return _row_max_prim(z, -1)
+
+
+def log_softmax_plain(z):
+    """log_softmax in plain ops: differentiable to any order (MindSpore's LogSoftmaxGrad has no bprop) and exact in
+    float64 (MindSpore's CPU LogSoftmax computes float64 at float32 accuracy). The shift is a constant to autodiff
+    (it cancels in the gradient), which also keeps amax's tie-breaking out of it."""
+    shifted = z - ops.stop_gradient(_row_max(z))
     return shifted - ops.log(ops.sum(ops.exp(shifted), -1, keepdim=True))
 
 
-def loss_and_grads(student, teacher, temperature, beta, keep, want_teacher, differentiable=False):
-    """(T^2 * sum over kept rows of D_beta, d/d student, d/d teacher or None) for 2-D logits [R, V] in one float
-    dtype; ``keep`` is a [R] bool mask of counted rows. ``differentiable``: the gradients will be differentiated
-    again (the fused kernels' second order), so the log-softmax is written in plain ops."""
-    inv_t, t_lin, t_sq, w_t, w_s, log_w_t, log_w_s = [ops.cast(v, student.dtype)
-                                                       for v in _constants(temperature, beta)]
-    log_softmax = _log_softmax_plain if differentiable else (lambda z: ops.log_softmax(z, -1))
+def log_mixture(log_ps, log_pt, log_w_t, log_w_s):
+    """log(w_t P_t + w_s P_s), stable. Lanes where both are -inf (a class masked in both models) get safe operands
+    and -inf after, so that no gradient sees exp(-inf - -inf)."""
+    both = ops.logical_and(log_ps == _NEG_INF, log_pt == _NEG_INF)
+    x = ops.where(both, 0.0, log_pt) + log_w_t
+    y = ops.where(both, 0.0, log_ps) + log_w_s
+    m = ops.stop_gradient(ops.maximum(x, y))
+    return ops.where(both, _NEG_INF, m + ops.log(ops.exp(x - m) + ops.exp(y - m)))
+
+
+def _terms(student, teacher, temperature, beta, differentiable):
+    """(pointwise divergence terms, a, b, P_s, P_t, T) for rows of logits, in the logits' dtype (module docstring)."""
+    inv_t, t_lin, _, w_t, w_s, log_w_t, log_w_s = [ops.cast(v, student.dtype) for v in constants(temperature, beta)]
+    log_softmax = log_softmax_plain if differentiable or student.dtype == ms.float64 else (
+        lambda z: ops.log_softmax(z, -1))
     log_ps = log_softmax(student * inv_t)
     log_pt = log_softmax(teacher * inv_t)
     ps, pt = ops.exp(log_ps), ops.exp(log_pt)
-    rows = ops.expand_dims(ops.cast(keep, student.dtype), -1)
     if beta == 0:
         b = _pointwise_kl(log_ps, log_pt)
-        terms, d_student = b, t_lin * (ps - pt)
-    elif beta == 1:
+        return b, -pt, b, ps, pt, t_lin
+    if beta == 1:
         a = _pointwise_kl(log_pt, log_ps)
-        terms, d_student = a, t_lin * (a - ps * ops.sum(a, -1, keepdim=True))
-        b = -ps
-    else:
-        both = ops.logical_and(ps == 0, pt == 0)
-        x = ops.where(both, 0.0, log_pt) + log_w_t
-        y = ops.where(both, 0.0, log_ps) + log_w_s
-        m = ops.maximum(x, y)
-        log_m = ops.where(both, _NEG_INF, m + ops.log(ops.exp(x - m) + ops.exp(y - m)))
-        a = w_s * _pointwise_kl(log_m, log_ps)
-        b = w_t * _pointwise_kl(log_m, log_pt)
-        terms, d_student = a + b, t_lin * (a - ps * ops.sum(a, -1, keepdim=True))
-    loss = t_sq * ops.sum(ops.sum(terms, -1) * ops.cast(keep, student.dtype))
-    d_teacher = t_lin * (b - pt * ops.sum(b, -1, keepdim=True)) * rows if want_teacher else None
-    return loss, d_student * rows, d_teacher
+        return a, a, -ps, ps, pt, t_lin
+    log_m = log_mixture(log_ps, log_pt, log_w_t, log_w_s)
+    a = w_s * _pointwise_kl(log_m, log_ps)
+    b = w_t * _pointwise_kl(log_m, log_pt)
+    return a + b, a, b, ps, pt, t_lin
+
+
+def row_losses(student, teacher, temperature, beta):
+    """T^2 * D_beta of each row of 2-D logits [R, V], in their dtype."""
+    terms = _terms(student, teacher, temperature, beta, False)[0]
+    return ops.cast(constants(temperature, beta)[2], student.dtype) * ops.sum(terms, -1)
+
+
+def _softmax_vjp(t_lin, u, p):
+    return t_lin * (u - p * ops.sum(u, -1, keepdim=True))
+
+
+def row_grads(student, teacher, temperature, beta, want_teacher, differentiable=False):
+    """(d/d student, d/d teacher or None) of the sum of the row losses; ``differentiable``: the gradients will be
+    differentiated again, so the log-softmax is written in plain ops."""
+    _, a, b, ps, pt, t_lin = _terms(student, teacher, temperature, beta, differentiable)
+    d_student = t_lin * (ps - pt) if beta == 0 else _softmax_vjp(t_lin, a, ps)
+    d_teacher = _softmax_vjp(t_lin, b, pt) if want_teacher else None
+    return d_student, d_teacher
 
 
 def cross_entropy_and_grad(logits, labels, keep):
-    """(sum over kept rows of -log softmax(logits)[label], its gradient): the hard-label term."""
+    """(sum over kept rows of -log softmax(logits)[label], its gradient): the hard-label term. Rows not kept
+    contribute exact zeros, whatever their logits hold; a kept row whose label is outside [0, V) makes the loss and
+    its gradient NaN (compiled code cannot raise; a silently wrong mean would be worse)."""
     log_p = ops.log_softmax(logits, -1)
-    hit = ops.logical_and(ops.expand_dims(keep, 1),
-                          ops.arange(logits.shape[-1], dtype=labels.dtype) == ops.expand_dims(labels, 1))
-    loss = -ops.sum(ops.where(hit, log_p, 0.0))
-    grad = (ops.exp(log_p) - ops.cast(hit, logits.dtype)) * ops.expand_dims(ops.cast(keep, logits.dtype), -1)
-    return loss, grad
+    vocab = logits.shape[-1]
+    keep2 = ops.expand_dims(keep, 1)
+    hit = ops.logical_and(keep2, ops.arange(vocab, dtype=labels.dtype) == ops.expand_dims(labels, 1))
+    outside = ops.logical_and(keep, ops.logical_or(labels < 0, labels >= vocab))
+    loss = ops.sum(ops.where(outside, float("nan"), 0.0)) - ops.sum(ops.where(hit, log_p, 0.0))
+    grad = ops.where(keep2, ops.exp(log_p) - ops.cast(hit, logits.dtype), 0.0)
+    return loss, ops.where(ops.expand_dims(outside, 1), float("nan"), grad)

@@ -14,7 +14,7 @@ from mindspore import nn, ops
 from mindspore.ops import constexpr
 
 from . import _validation
-from .backends import _device_target_const, compiled
+from .backends import _device_target_const, check_name, compiled, distill, get_distill_kernels
 from .functional import kl_div
 
 _NAME = "distillation_loss"
@@ -115,26 +115,17 @@ def _divergence(log_p_student, log_p_teacher, beta, reduction, backend):
 
 @functools.lru_cache(maxsize=None)
 def _fused_rows(backend, device, temperature, beta, graph):
-    """The fused kernels' per-row loss op for these settings, or None where the composition runs instead (backends
-    other than 'auto'/'aot', devices without the kernels, a library without them)."""
-    if backend not in ("auto", "aot"):
-        return None
-    from .backends import distill
-    if device in ("CPU", "GPU"):
-        kernels = distill.aot_kernels(device)
-    elif device == "Ascend":
-        from .backends import ascend
-        kernels = ascend.AscendCDistillKernels() if ascend.distill_ops_installed() else None
-    else:
-        kernels = None
-    return None if kernels is None else distill.rows_op(kernels, temperature, beta, split=graph)
+    """(dtypes the kernels take, their per-row loss op) for these settings: the distillation kernels that the
+    registry picks for ``backend`` on ``device`` (RuntimeError when that backend cannot run them there)."""
+    _, kernels = get_distill_kernels(backend, device)
+    return kernels.dtypes, distill.rows_op(kernels, temperature, beta, split=graph)
 
 
-def _takes_fused(student_logits, teacher_logits, reduction, dtype):
-    # The kernels take one shape [..., V] of one half/float32 dtype with V >= 1 and some rows; 'none' needs the
-    # pointwise [..., V] terms, which the composition gives.
+def _takes_fused(student_logits, teacher_logits, reduction, dtype, dtypes):
+    # The kernels take one shape [..., V] with V >= 1 and some rows; 'none' needs the pointwise [..., V] terms,
+    # which the composition gives.
     shape = student_logits.shape
-    return (reduction != "none" and shape == teacher_logits.shape and dtype != ms.float64 and None not in shape[-1:]
+    return (reduction != "none" and shape == teacher_logits.shape and dtype in dtypes and None not in shape[-1:]
             and 0 not in shape and -1 not in shape[-1:])
 
 
@@ -159,16 +150,14 @@ def _reduce_rows(rows, student_logits, reduction, labels, ignore_index):
 
 
 def _distill(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend, dtype):
-    if _takes_fused(student_logits, teacher_logits, reduction, dtype):
-        rows_op = _fused_rows(backend, _device_target_const(), temperature, beta, compiled(student_logits))
-        if rows_op is not None:
-            if student_logits.dtype != dtype:
-                student_logits = ops.cast(student_logits, dtype)
-            if teacher_logits.dtype != dtype:
-                teacher_logits = ops.cast(teacher_logits, dtype)
-            loss = _reduce_rows(rows_op(student_logits, teacher_logits), student_logits, reduction, labels,
-                                ignore_index)
-            return loss if dtype == ms.float32 else ops.cast(loss, dtype)
+    dtypes, rows_op = _fused_rows(backend, _device_target_const(), temperature, beta, compiled(student_logits))
+    if _takes_fused(student_logits, teacher_logits, reduction, dtype, dtypes):
+        if student_logits.dtype != dtype:
+            student_logits = ops.cast(student_logits, dtype)
+        if teacher_logits.dtype != dtype:
+            teacher_logits = ops.cast(teacher_logits, dtype)
+        loss = _reduce_rows(rows_op(student_logits, teacher_logits), student_logits, reduction, labels, ignore_index)
+        return loss if dtype == ms.float32 else ops.cast(loss, dtype)
     return _compose(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend,
                     dtype)
 
@@ -287,6 +276,7 @@ def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction
         >>> print(loss.shape, loss.dtype, f"{float(loss):.4f}")
         () Float32 0.2660
     """
+    check_name(backend, _NAME)
     dtype = _check_args(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, _NAME)
     return _distill(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend,
                     dtype)
@@ -323,6 +313,7 @@ class DistillationLoss(nn.Cell):
     def __init__(self, temperature=1.0, reduction="batchmean", *, beta=0.0, ignore_index=-100, backend="auto"):
         super().__init__()
         _check_options(temperature, reduction, beta, ignore_index, "DistillationLoss")
+        check_name(backend, "DistillationLoss")
         self.temperature = float(temperature)
         self.reduction = reduction
         self.beta = float(beta)

@@ -3,29 +3,42 @@
 For an LLM student the logits are the largest tensor of a step (8192 tokens x 128K vocabulary is 4 GB in
 float32, several times over once softmaxes and gradients are held). ``FusedLinearDistillationLoss`` takes the
 hidden states and the head weights instead, and processes the rows in chunks: each chunk's logits come from
-MindSpore's matmul (so Ascend's cube units and GPU BLAS do it), :func:`ms_kldiv.distillation_loss` gives the
-chunk's loss and d(logits), and the chunk's contributions to d(hidden), d(weight) and d(bias) are accumulated
-during the forward. Only one chunk of logits exists at a time; the backward scales the stored gradients.
+MindSpore's matmul (so Ascend's cube units and GPU BLAS do it), the distillation kernels chosen through the backend
+registry give the chunk's loss and d(logits), and the chunk's contributions to d(hidden), d(weight) and d(bias) are
+accumulated during the forward. Only one chunk of logits exists at a time; the backward scales the stored
+gradients.
 
-The teacher's gradients (mutual learning, trainable teachers) are computed in the backward by a second chunked
-pass, only where they are used: graph mode drops that work when nothing consumes the teacher's gradients
-(frozen teacher); ``teacher_grad=False`` drops it in PyNative too.
+The chunks are the iterations of one loop: a Python loop in PyNative, ``ops.ForiLoop(unroll=False)`` in compiled
+code, so that the graph holds one chunk's body whatever the number of chunks (an unrolled loop reaches
+MindSpore's call-depth limit near a hundred chunks and compiles in time proportional to their number), and a
+dynamic row count is chunked like a static one. Inside the loop a chunk's rows are gathered by index (a slice
+with a loop-dependent start returns wrong rows in MindSpore's non-unrolled loops); the last chunk's indices past
+the end repeat the last row and are masked out.
+
+The teacher's gradients (mutual learning, trainable teachers) come from a second loop in compiled code, which the
+graph compiler drops when nothing consumes them (a frozen teacher); PyNative computes them in the same pass
+unless ``teacher_grad=False``.
 """
+import numpy as np
+
 import mindspore as ms
 from mindspore import Tensor, nn, ops
+from mindspore.ops import constexpr
 
 from . import _validation
-from .backends import distill
-from ._distill_math import cross_entropy_and_grad, loss_and_grads
+from ._distill_math import cross_entropy_and_grad
+from .backends import compiled, get_distill_kernels
 
 _NAME = "FusedLinearDistillationLoss"
 #: Default bound on one chunk's logits (student and teacher together), in bytes of float32.
 CHUNK_BYTES = 64 * 2**20
 
 
-def default_chunk_size(rows, vocab):
-    """Rows per chunk so that a chunk's student and teacher logits take at most ``CHUNK_BYTES`` in float32."""
-    return max(1, min(rows, CHUNK_BYTES // max(1, 2 * 4 * vocab)))
+def default_chunk_size(rows, vocab, chunk_bytes=CHUNK_BYTES):
+    """Rows per chunk so that a chunk's student and teacher logits take at most ``chunk_bytes`` in float32
+    (``rows`` < 0: unknown until run time)."""
+    size = max(1, chunk_bytes // max(1, 2 * 4 * vocab))
+    return size if rows < 0 else max(1, min(rows, size))
 
 
 # The transposes as MatMul flags: ops.transpose would copy a [V, H] weight (or a chunk's [rows, V] gradient) every
@@ -34,96 +47,170 @@ _matmul_t = ops.MatMul(transpose_b=True)   # a @ b^T
 _t_matmul = ops.MatMul(transpose_a=True)   # a^T @ b
 
 
-class _FusedCore(nn.Cell):
-    """(hidden states and heads of both models, labels, counted rows) -> (loss, the gradients of every input).
+class _ChunkStep(nn.Cell):
+    """One chunk of rows, the body of the chunk loop: ``(i, carry) -> carry``.
 
-    Inputs are 2-D hidden states [N, H], weights [V, H], biases [V] (zeros when absent), labels [N] int32 and the
-    number of counted rows. The rows go through in chunks: a chunk's logits come from MindSpore's matmul, the
-    loss and d(logits) from the fused distillation kernels (``kernels``; None: the closed forms of
-    ``_distill_math`` in MindSpore ops), and the chunk's contributions to the heads'
-    gradients are accumulated at once, so one chunk of logits is alive at a time. This Cell's bprop hands out the
-    stored gradients times the incoming gradient; its forward is not differentiated (in PyNative MindSpore runs a
-    custom-bprop Cell's forward without recording it), which is what keeps the chunks' tensors from being held.
-    """
+    The carry is (inputs..., accumulators...): hidden states [N, H], weights [V, H], biases [V] of both models (the
+    teacher's hidden states are its logits [N, V] when ``teacher_logits``), labels [N] int32, the 0-d scale
+    1 / counted rows, ``0..C-1`` (int32 [C]: C, the rows per chunk, is its static length); then the loss and the gradients of the six tensors (a 0-d zero for those not computed).
+    ``student`` / ``teacher``: which gradients this pass computes (the loss comes with the student's)."""
 
-    def __init__(self, temperature, beta, ignore_index, hard_weight, soft_weight, chunk_size, teacher_grad,
-                 teacher_logits=False, kernels=None):
+    def __init__(self, kernels, temperature, beta, ignore_index, hard_weight, soft_weight, student, teacher,
+                 teacher_logits):
         super().__init__()
-        self.fused = kernels is not None
-        if self.fused:
-            self.kernel_rows = kernels.forward(temperature, beta)
-            self.kernel_student = kernels.backward(temperature, beta, False)
-            self.kernel_teacher = kernels.backward_teacher(temperature, beta)
-        self.temperature = temperature
         self.ignore_index = ignore_index
-        self.beta = beta
         self.hard_weight = hard_weight
         self.soft_weight = soft_weight
-        self.chunk_size = chunk_size
-        self.teacher_grad = teacher_grad and not teacher_logits
-        # The teacher given as logits [N, V] in place of its hidden states (its weight and bias are unused).
+        self.student = student
+        self.teacher = teacher
         self.teacher_logits = teacher_logits
+        self.kernel_rows = kernels.forward(temperature, beta)
+        if student:
+            self.kernel_student = kernels.backward(temperature, beta, False)
+        if teacher:
+            self.kernel_teacher = (kernels.backward_teacher(temperature, beta)
+                                   if hasattr(kernels, "backward_teacher") else _TeacherOnly(kernels, temperature, beta))
 
-    def _chunks(self, rows, vocab):
-        if not isinstance(rows, int) or rows < 0:
-            # A dynamic row count in graph mode: the compiler cannot unroll an unknown number of chunks, so the
-            # rows are one chunk (same values and gradients; the memory saving needs static shapes or PyNative).
-            return ((0, None),)
-        size = self.chunk_size if self.chunk_size is not None else default_chunk_size(rows, vocab)
-        return tuple((i, min(i + size, rows)) for i in range(0, rows, size))
-
-    def construct(self, hs, ws, bs, ht, wt, bt, labels, count):
+    def construct(self, i, carry):
+        hs, ws, bs, ht, wt, bt, labels, scale, offsets, loss, dhs, dws, dbs, dht, dwt, dbt = carry
         f32 = ms.float32
-        hs, ws, bs, ht, wt, bt = (v if v.dtype == f32 else ops.cast(v, f32) for v in (hs, ws, bs, ht, wt, bt))
-        keep_all = labels != self.ignore_index
-        # Scaled per chunk (a chunk's d(logits) is smaller than the [V, H] sums it feeds)
-        scale = 1.0 / ops.maximum(count, 1.0)
-        loss = ops.zeros((), f32)
-        dhs, dht = (), ()
-        dws, dbs = ops.zeros(ws.shape, f32), ops.zeros(bs.shape, f32)
-        dwt, dbt = ops.zeros((), f32), ops.zeros((), f32)  # [V, H] / [V] once the teacher's gradients are wanted
-        for lo, hi in self._chunks(hs.shape[0], ws.shape[0]):
-            # Each chunk starts after the previous one is folded in: otherwise graph mode may run the chunks'
-            # independent first steps together and hold every chunk's logits at once.
-            hs_c, ht_c, keep = ops.depend(hs[lo:hi], dws), ops.depend(ht[lo:hi], dws), keep_all[lo:hi]
-            s_c = _matmul_t(hs_c, ws) + bs
-            t_c = ht_c if self.teacher_logits else _matmul_t(ht_c, wt) + bt
-            if self.fused:
-                # the kernels' incoming row gradient is the keep mask: ignored rows get exact zeros, unread
-                stats, g = self.kernel_rows(s_c, t_c), ops.cast(keep, f32)
-                soft = ops.sum(ops.where(keep, stats[:, 0], 0.0))
-                ds = self.kernel_student(s_c, t_c, stats, g)[0]
-                dt = self.kernel_teacher(s_c, t_c, stats, g) if self.teacher_grad else None
-            else:
-                soft, ds, dt = loss_and_grads(s_c, t_c, self.temperature, self.beta, keep, self.teacher_grad)
-            loss = loss + soft * self.soft_weight
-            ds = ds * (self.soft_weight * scale)
+        rows = ops.cast(ops.dyn_shape(labels)[0], ms.int32)
+        idx = offsets + i * offsets.shape[0]
+        label = ops.gather(labels, ops.minimum(idx, rows - 1), 0)
+        keep = ops.logical_and(idx < rows, label != self.ignore_index)
+        idx = ops.minimum(idx, rows - 1)
+        rows_kept = ops.expand_dims(keep, 1)
+        # Rows not counted are zeroed before the matmuls: their NaN or inf must not reach any gradient (0 * NaN).
+        hs_c = ops.where(rows_kept, ops.gather(hs, idx, 0), 0.0)
+        ht_c = ops.where(rows_kept, ops.gather(ht, idx, 0), 0.0)
+        s_c = _matmul_t(hs_c, ws) + bs
+        t_c = ht_c if self.teacher_logits else _matmul_t(ht_c, wt) + bt
+        # the kernels' incoming row gradient is the keep mask: rows not counted get exact zeros, unread
+        stats, g = self.kernel_rows(s_c, t_c), ops.cast(keep, f32)
+        at = ops.expand_dims(idx, 1)
+        if self.student:
+            loss = loss + ops.sum(ops.where(keep, stats[:, 0], 0.0)) * (self.soft_weight * scale)
+            ds = self.kernel_student(s_c, t_c, stats, g)[0] * (self.soft_weight * scale)
             if self.hard_weight != 0:
-                hard, dce = cross_entropy_and_grad(s_c, ops.where(keep, labels[lo:hi], 0), keep)
-                loss = loss + hard * self.hard_weight
+                hard, dce = cross_entropy_and_grad(s_c, ops.where(keep, label, 0), keep)
+                loss = loss + hard * (self.hard_weight * scale)
                 ds = ds + dce * (self.hard_weight * scale)
-            dhs = dhs + (ops.matmul(ds, ws),)
+            dhs = ops.tensor_scatter_add(dhs, at, ops.matmul(ds, ws))
             dws = dws + _t_matmul(ds, hs_c)
             dbs = dbs + ops.sum(ds, 0)
-            if self.teacher_grad:
-                dt = dt * (self.soft_weight * scale)
-                dht = dht + (ops.matmul(dt, wt),)
-                dwt = dwt + _t_matmul(dt, ht_c)
-                dbt = dbt + ops.sum(dt, 0)
-        dh_s = ops.concat(dhs, 0) if dhs else ops.zeros(hs.shape, f32)
-        # (without teacher gradients these stay 0-d zeros: no [V, H] buffer is held for them)
-        dh_t = ops.concat(dht, 0) if dht else ops.zeros((), f32)
-        return loss * scale, dh_s, dws, dbs, dh_t, dwt, dbt
+        if self.teacher:
+            dt = self.kernel_teacher(s_c, t_c, stats, g) * (self.soft_weight * scale)
+            dht = ops.tensor_scatter_add(dht, at, ops.matmul(dt, wt))
+            dwt = dwt + _t_matmul(dt, ht_c)
+            dbt = dbt + ops.sum(dt, 0)
+        return hs, ws, bs, ht, wt, bt, labels, scale, offsets, loss, dhs, dws, dbs, dht, dwt, dbt
 
-    def bprop(self, hs, ws, bs, ht, wt, bt, labels, count, out, dout):
-        g = dout[0]
-        _, dh_s, dw_s, db_s, dh_t, dw_t, db_t = out
+
+class _TeacherOnly(nn.Cell):
+    """d(teacher) from kernels without a teacher-only backward (the AscendC pair): the full backward's second output."""
+
+    def __init__(self, kernels, temperature, beta):
+        super().__init__()
+        self.kernel = kernels.backward(temperature, beta, True)
+
+    def construct(self, s, t, stats, dloss):
+        return self.kernel(s, t, stats, dloss)[1]
+
+
+@constexpr(check=False)
+def _chunk_plan(shape, vocab, chunk_size, chunk_bytes):
+    """(0..C-1 as an int32 Tensor, the number of chunks or -1 when the row count is dynamic) for hidden states of
+    ``shape``; computed at compile time in graph mode, where an unknown row count arrives as None or -1."""
+    rows = shape[0] if shape[0] is not None and shape[0] >= 0 else -1
+    chunk = chunk_size if chunk_size is not None else default_chunk_size(rows, vocab, chunk_bytes)
+    chunk = chunk if rows < 0 else max(1, min(rows, chunk))
+    return Tensor(np.arange(chunk, dtype=np.int32)), (-1 if rows < 0 else (rows + chunk - 1) // chunk)
+
+
+def _loop(step, count, carry, graph):
+    if graph:
+        return ops.ForiLoop()(0, count, step, carry, unroll=False)
+    for i in range(count):
+        carry = step(i, carry)
+    return carry
+
+
+class _FusedCore(nn.Cell):
+    """(hidden states and heads of both models, labels, counted rows) -> the loss, differentiable for the six
+    tensors.
+
+    Inputs are 2-D hidden states [N, H], weights [V, H], biases [V] (zeros when absent), labels [N] int32 and the
+    number of counted rows. The rows go through the chunk loop (``_ChunkStep``) on inputs cut from autodiff
+    (the loop computes the gradients itself: MindSpore then neither records the chunks' tensors in PyNative nor
+    differentiates the loop in graph mode, which it cannot do for a loop inside a Cell with a bprop);
+    ``_WithGradients`` hands the loop's gradients to autodiff.
+    """
+
+    def __init__(self, kernels, temperature, beta, ignore_index, hard_weight, soft_weight, chunk_size, chunk_bytes,
+                 teacher_grad, teacher_logits=False):
+        super().__init__()
+        self.with_gradients = _WithGradients(teacher_grad and not teacher_logits)
+        self.chunk_size = chunk_size
+        self.chunk_bytes = chunk_bytes
+        self.teacher_grad = teacher_grad and not teacher_logits
+        args = (kernels, temperature, beta, ignore_index, hard_weight, soft_weight)
+        self.student_pass = _ChunkStep(*args, True, False, teacher_logits)
+        if self.teacher_grad:
+            self.teacher_pass = _ChunkStep(*args, False, True, teacher_logits)
+            self.both_passes = _ChunkStep(*args, True, True, teacher_logits)
+
+    def construct(self, hs, ws, bs, ht, wt, bt, labels, count):
+        loss_and_grads = ops.stop_gradient(self._loops(*[ops.stop_gradient(v) for v in (hs, ws, bs, ht, wt, bt)],
+                                                       labels, ops.stop_gradient(count)))
+        return self.with_gradients(hs, ws, bs, ht, wt, bt, *loss_and_grads)
+
+    def _loops(self, hs, ws, bs, ht, wt, bt, labels, count):
+        f32 = ms.float32
+        # A Parameter (a model's head weight) in a loop's carry fails to compile under TrainOneStepCell; a reshape
+        # to its own shape makes it a plain value without a copy.
+        hs, ws, bs, ht, wt, bt = (ops.reshape(v, (-1,) + v.shape[1:]) if v.dtype == f32 else ops.cast(v, f32)
+                                  for v in (hs, ws, bs, ht, wt, bt))
+        offsets, chunks = _chunk_plan(ops.shape(hs), ws.shape[0], self.chunk_size, self.chunk_bytes)
+        if chunks < 0:  # rows known at run time only
+            chunk = offsets.shape[0]
+            chunks = (ops.cast(ops.dyn_shape(hs)[0], ms.int32) + (chunk - 1)) // chunk
+        inputs = (hs, ws, bs, ht, wt, bt, labels, 1.0 / ops.maximum(count, 1.0), offsets)
+        zero = ops.zeros((), f32)
+        student = (zero, ops.zeros_like(hs), ops.zeros_like(ws), ops.zeros_like(bs))
+        teacher = (ops.zeros_like(ht), ops.zeros_like(wt), ops.zeros_like(bt))
+        no_teacher = (zero, zero, zero)  # without teacher gradients no [V, H] buffer is held for them
+        graph = compiled(hs)
+        if not self.teacher_grad:
+            out = _loop(self.student_pass, chunks, inputs + student + no_teacher, graph)
+            return out[9:]
+        if not graph:
+            out = _loop(self.both_passes, chunks, inputs + student + teacher, graph)
+            return out[9:]
+        # two loops: the teacher's is dropped by the graph compiler when its gradients are not used
+        out_s = _loop(self.student_pass, chunks, inputs + student + no_teacher, graph)
+        out_t = _loop(self.teacher_pass, chunks, inputs + (zero, zero, zero, zero) + teacher, graph)
+        return out_s[9:13] + out_t[13:]
+
+
+class _WithGradients(nn.Cell):
+    """(the six tensors, the loss and its gradients computed by the chunk loop) -> the loss, whose bprop is the
+    given gradients times the incoming gradient (zeros for the teacher's when ``teacher_grad`` is False)."""
+
+    def __init__(self, teacher_grad):
+        super().__init__()
+        self.teacher_grad = teacher_grad
+
+    def construct(self, hs, ws, bs, ht, wt, bt, loss, dh_s, dw_s, db_s, dh_t, dw_t, db_t):
+        return loss
+
+    def bprop(self, hs, ws, bs, ht, wt, bt, loss, dh_s, dw_s, db_s, dh_t, dw_t, db_t, out, dout):
+        g = dout
         grads = (ops.cast(dh_s * g, hs.dtype), ops.cast(dw_s * g, ws.dtype), ops.cast(db_s * g, bs.dtype))
         if self.teacher_grad:
             grads += (ops.cast(dh_t * g, ht.dtype), ops.cast(dw_t * g, wt.dtype), ops.cast(db_t * g, bt.dtype))
         else:
             grads += (ops.zeros_like(ht), ops.zeros_like(wt), ops.zeros_like(bt))
-        return grads + (ops.zeros_like(labels), ops.zeros_like(count))
+        return grads + tuple(ops.zeros_like(v) for v in (loss, dh_s, dw_s, db_s, dh_t, dw_t, db_t))
 
 
 class FusedLinearDistillationLoss(nn.Cell):
@@ -144,17 +231,21 @@ class FusedLinearDistillationLoss(nn.Cell):
         beta (float, optional): 0 forward KL, 1 reverse KL, in between the generalized Jensen-Shannon
             divergence, as in :func:`ms_kldiv.distillation_loss`. Default: ``0.0``.
         ignore_index (int, optional): Label value of rows that contribute nothing. Default: ``-100``.
-        hard_weight (float, optional): Weight of the cross-entropy against `labels`. Default: ``0.0``.
-        soft_weight (float, optional): Weight of the distillation term. Default: ``1.0``.
-        chunk_size (int, optional): Rows per chunk. Default: ``None``, chosen so that one chunk's logits of
-            both models take at most 64 MB in float32.
+        hard_weight (float, optional): Weight (>= 0) of the cross-entropy against `labels`; its labels must be in
+            [0, V) or `ignore_index` (PyNative raises ValueError; compiled code gives a NaN loss). Default: ``0.0``.
+        soft_weight (float, optional): Weight (>= 0) of the distillation term. Default: ``1.0``.
+        chunk_size (int, optional): Rows per chunk. Default: ``None``: from ``chunk_bytes``.
+        chunk_bytes (int, optional): Memory budget, in bytes, for one chunk's logits of both models in float32 (the
+            chunk's own temporaries are a small multiple of it; the gradient buffers of the weights come on top).
+            Default: ``None``, 64 MB. Give ``chunk_size`` or ``chunk_bytes``, not both.
         teacher_grad (bool, optional): ``None`` (default) gives the teacher's hidden states, weight and bias
             their gradients, computed only when used (graph mode drops the work for a frozen teacher; PyNative
             always does it); ``False`` declares the teacher frozen (its gradients are zeros, no work).
-        backend (str, optional): How a chunk's loss and d(logits) are computed: ``'aot'`` (the fused
-            distillation kernels of the CPU library: no chunk x V temporaries besides the logits and their
-            gradient), ``'composite'`` (closed forms in MindSpore ops, every device), ``'auto'`` (``'aot'`` where it
-            runs, else ``'composite'``). Default: ``'auto'``.
+        backend (str, optional): Which distillation kernels compute a chunk's loss and d(logits), chosen as for
+            every op (``ms_kldiv.backend_info(op='distillation')``): ``'aot'`` (the fused kernels: C++ on CPU, CUDA
+            on GPU, AscendC on Ascend; no chunk x V temporaries besides the logits and their gradient),
+            ``'composite'`` (closed forms in MindSpore ops, every device), ``'auto'`` (the best that runs here).
+            Default: ``'auto'``.
 
     Inputs:
         - **student_hidden** (Tensor) - ``[N, H_s]`` or ``[B, S, H_s]``, float16/bfloat16/float32.
@@ -173,18 +264,18 @@ class FusedLinearDistillationLoss(nn.Cell):
     """
 
     def __init__(self, temperature=1.0, *, beta=0.0, ignore_index=-100, hard_weight=0.0, soft_weight=1.0,
-                 chunk_size=None, teacher_grad=None, backend="auto"):
+                 chunk_size=None, chunk_bytes=None, teacher_grad=None, backend="auto"):
         super().__init__()
         _validation.check_temperature(temperature, _NAME)
         _validation.check_number(beta, "beta", _NAME, 0.0, 1.0)
-        _validation.check_number(hard_weight, "hard_weight", _NAME)
-        _validation.check_number(soft_weight, "soft_weight", _NAME)
+        _validation.check_number(hard_weight, "hard_weight", _NAME, 0.0)
+        _validation.check_number(soft_weight, "soft_weight", _NAME, 0.0)
         _validation.check_int(ignore_index, "ignore_index", _NAME)
-        if backend not in ("auto", "aot", "composite"):
-            raise ValueError(f"For '{_NAME}', 'backend' must be 'auto', 'aot' or 'composite', but got {backend!r}.")
-        if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
-                                       or chunk_size < 1):
-            raise ValueError(f"For '{_NAME}', 'chunk_size' must be None or a positive int, but got {chunk_size!r}.")
+        for arg, value in (("chunk_size", chunk_size), ("chunk_bytes", chunk_bytes)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"For '{_NAME}', '{arg}' must be None or a positive int, but got {value!r}.")
+        if chunk_size is not None and chunk_bytes is not None:
+            raise ValueError(f"For '{_NAME}', give 'chunk_size' (rows) or 'chunk_bytes' (a memory budget), not both.")
         if teacher_grad not in (None, False, True):
             raise TypeError(f"For '{_NAME}', 'teacher_grad' must be None or a bool, but got {teacher_grad!r}.")
         self.temperature = float(temperature)
@@ -193,12 +284,13 @@ class FusedLinearDistillationLoss(nn.Cell):
         self.hard_weight = float(hard_weight)
         self.soft_weight = float(soft_weight)
         self.chunk_size = chunk_size
+        self.chunk_bytes = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
         self.teacher_grad = teacher_grad is not False
-        kernels = _kernels(backend)
-        self.backend = "composite" if kernels is None else "aot"
-        args = (self.temperature, self.beta, ignore_index, self.hard_weight, self.soft_weight, chunk_size)
-        self.core = _FusedCore(*args, self.teacher_grad, kernels=kernels)
-        self.core_from_logits = _FusedCore(*args, False, teacher_logits=True, kernels=kernels)
+        self.backend, kernels = get_distill_kernels_checked(backend)
+        args = (kernels, self.temperature, self.beta, ignore_index, self.hard_weight, self.soft_weight, chunk_size,
+                self.chunk_bytes)
+        self.core = _FusedCore(*args, self.teacher_grad)
+        self.core_from_logits = _FusedCore(*args, False, teacher_logits=True)
 
     def construct(self, student_hidden, student_weight, teacher_hidden, teacher_weight, labels=None,
                   student_bias=None, teacher_bias=None):
@@ -212,7 +304,7 @@ class FusedLinearDistillationLoss(nn.Cell):
         states and head; the teacher is frozen (no gradient). Under GRAPH_MODE call it from a Cell's construct."""
         name = f"{_NAME}.from_teacher_logits"
         _check_inputs(student_hidden, student_weight, teacher_logits, None, labels, student_bias, None,
-                      self.hard_weight, name)
+                      self.hard_weight, name, teacher_is_logits=True)
         logits = ops.stop_gradient(_rows(teacher_logits))
         unused = ops.zeros((1, 1), ms.float32)
         return self._run(self.core_from_logits, student_hidden, student_weight, student_bias, logits, unused,
@@ -223,14 +315,16 @@ class FusedLinearDistillationLoss(nn.Cell):
         hs = _rows(student_hidden)
         vocab = student_weight.shape[0]
         if labels is None:
-            labels = ops.zeros((hs.shape[0],), ms.int32)
+            labels = ops.zeros_like(hs[:, 0], dtype=ms.int32)
             count = ops.cast(ops.reshape(ops.dyn_shape(hs)[:1], ()), ms.float32)
         else:
             labels = ops.cast(ops.reshape(labels, (-1,)), ms.int32)
+            if self.hard_weight != 0 and not compiled(labels):
+                _check_label_range(labels, vocab, self.ignore_index)
             count = ops.sum(ops.cast(labels != self.ignore_index, ms.float32))
         bs = ops.zeros((vocab,), student_weight.dtype) if student_bias is None else student_bias
         bt = ops.zeros((vocab,), teacher_weight.dtype) if teacher_bias is None else teacher_bias
-        return core(hs, student_weight, bs, teacher_rows, teacher_weight, bt, labels, count)[0]
+        return core(hs, student_weight, bs, teacher_rows, teacher_weight, bt, labels, count)
 
     def extend_repr(self):
         return (f"temperature={self.temperature}, beta={self.beta}, ignore_index={self.ignore_index}, "
@@ -238,34 +332,37 @@ class FusedLinearDistillationLoss(nn.Cell):
                 f"backend={self.backend!r}")
 
 
-def _kernels(backend):
-    """The fused distillation kernels for ``backend`` on the current device, or None for the composite math."""
-    device = ms.get_context("device_target")
-    if backend == "composite" or device not in ("CPU", "GPU"):
-        if backend == "aot":
-            raise RuntimeError(f"For '{_NAME}', backend 'aot' runs on CPU and GPU only; use 'auto' or 'composite'.")
-        return None
-    kernels = distill.aot_kernels(device)
-    if kernels is None and backend == "aot":
-        raise RuntimeError(f"For '{_NAME}', backend 'aot' needs the {device} kernel library, which is not available "
-                           "(see ms_kldiv.backend_info()).")
-    return kernels
+def get_distill_kernels_checked(backend):
+    _validation.check_backend(backend, _NAME)
+    return get_distill_kernels(backend)
+
+
+def _check_label_range(labels, vocab, ignore_index):
+    """PyNative: labels of the hard term outside [0, V) (other than ``ignore_index``) are an error, as in torch's
+    cross-entropy. (Compiled code cannot raise at run time: there such a label makes the loss NaN.)"""
+    values = labels.asnumpy()
+    bad = values[(values != ignore_index) & ((values < 0) | (values >= vocab))]
+    if bad.size:
+        raise ValueError(f"For '{_NAME}', 'labels' must be in [0, {vocab}) or equal 'ignore_index' "
+                         f"({ignore_index}), but got {bad[:5].tolist()}.")
 
 
 def _rows(hidden):
     return ops.reshape(hidden, (-1, hidden.shape[-1])) if hidden.ndim != 2 else hidden
 
 
-def _check_inputs(hs, ws, ht, wt, labels, bs, bt, hard_weight, name):
-    """Every argument check, before anything runs. ``wt`` None: ``ht`` holds the teacher's logits."""
-    tensors = (("student_hidden", hs), ("student_weight", ws), ("teacher_hidden" if wt is not None else
-                                                                  "teacher_logits", ht))
-    for arg, value in tensors + ((("teacher_weight", wt),) if wt is not None else ()):
+def _check_inputs(hs, ws, ht, wt, labels, bs, bt, hard_weight, name, teacher_is_logits=False):
+    """Every argument check, before anything runs. ``teacher_is_logits``: ``ht`` holds the teacher's logits."""
+    tensors = (("student_hidden", hs), ("student_weight", ws),
+               ("teacher_logits" if teacher_is_logits else "teacher_hidden", ht))
+    for arg, value in tensors + (() if teacher_is_logits else (("teacher_weight", wt),)):
         if not isinstance(value, Tensor):
             raise TypeError(f"For '{name}', '{arg}' must be a mindspore.Tensor, but got {type(value).__name__}.")
         if value.dtype not in _validation.FLOAT_DTYPES:
             raise TypeError(f"For '{name}', '{arg}' must have a floating dtype, but got {value.dtype}.")
     vocab = ws.shape[0] if ws.ndim == 2 else None
+    if teacher_is_logits:
+        wt = None
     if ws.ndim != 2 or (wt is not None and wt.ndim != 2):
         raise ValueError(f"For '{name}', the head weights must be 2-D [V, H], but got {ws.shape}"
                          f"{'' if wt is None else f' and {wt.shape}'}.")

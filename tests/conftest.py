@@ -10,6 +10,8 @@ Backends
         the current device target ('composite' always; 'aot', 'akg', ... as soon as they register and can run).
         New backends are picked up with no edit here.
     ``BACKENDS`` (tuple of str): the same list, for tests that parametrize by hand.
+    ``distill_backend`` (fixture) / ``DISTILL_BACKENDS``: the same for the distillation op
+        (``backend_info(op='distillation')``): the backends that implement distillation and can run here.
     ``MS_KLDIV_REQUIRE_BACKENDS=composite,aot,akg`` (env): a listed backend that is unknown or unavailable is a
         usage error before any test runs (pytest exit code 4), with the reason from ``backend_info()``,
         so that no backend silently drops out of CI.
@@ -80,11 +82,12 @@ from _runners import (COMPILED_MODES, MODES, REDUCTIONS, AllReductions, AllSecon
 
 
 # ----------------------------------------------------------------------------------------------- backends
-def _available_backends():
-    return tuple(row["name"] for row in ms_kldiv.backend_info() if row["available"])
+def _available_backends(op="kl_div"):
+    return tuple(row["name"] for row in ms_kldiv.backend_info(op=op) if row["available"])
 
 
 BACKENDS = _available_backends()
+DISTILL_BACKENDS = _available_backends("distillation")
 
 
 def pytest_configure(config):
@@ -104,6 +107,11 @@ def pytest_configure(config):
 
 @pytest.fixture(params=BACKENDS)
 def backend(request):
+    return request.param
+
+
+@pytest.fixture(params=DISTILL_BACKENDS)
+def distill_backend(request):
     return request.param
 
 

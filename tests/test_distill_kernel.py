@@ -10,11 +10,12 @@ from mindspore import nn, ops
 
 import ms_kldiv
 from ms_kldiv import reference
-from ms_kldiv.backends import distill
+from ms_kldiv.backends import distill, get_distill_kernels
 
 from conftest import graph_mode
 
-pytestmark = pytest.mark.skipif(distill.aot_kernels("CPU") is None or ms.get_context("device_target") != "CPU",
+_AOT_DISTILL = any(r["name"] == "aot" and r["available"] for r in ms_kldiv.backend_info("CPU", op="distillation"))
+pytestmark = pytest.mark.skipif(not _AOT_DISTILL or ms.get_context("device_target") != "CPU",
                                 reason="the CPU kernel library is not available here")
 
 MODES = ("pynative", "jit", "graph")
@@ -88,10 +89,13 @@ def _ref_grads(s, t, temperature, reduction, beta, labels=None, eps=None):
 
 
 def test_auto_uses_the_fused_kernels_on_cpu():
-    from ms_kldiv.distillation import _fused_rows
-    assert _fused_rows("auto", "CPU", 2.0, 0.0, False) is not None
-    assert _fused_rows("aot", "CPU", 2.0, 0.5, True) is not None
-    assert _fused_rows("composite", "CPU", 2.0, 0.0, False) is None
+    """One registry: distillation's 'auto' on CPU is the C++ kernels; backend_info says so, per op."""
+    rows = {r["name"]: r for r in ms_kldiv.backend_info("CPU", op="distillation")}
+    assert rows["aot"]["auto"] and rows["aot"]["available"] and rows["composite"]["available"]
+    assert not rows["akg"]["available"] and "does not implement distillation" in rows["akg"]["reason"]
+    assert isinstance(get_distill_kernels("auto", "CPU")[1], distill.AotDistillKernels)
+    assert get_distill_kernels("composite", "CPU")[0] == "composite"
+    assert {r["op"] for r in ms_kldiv.backend_info("CPU", op=None)} == {"kl_div", "distillation"}
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -146,7 +150,7 @@ def test_masks_teacher_only_and_student_only(mode):
     s = np.array([[0.5, -np.inf, 1.0, 2.0], [0.1, 0.2, -np.inf, 0.4]], np.float32)
     t = np.array([[1.0, 0.3, -np.inf, 0.0], [0.0, 1.0, 0.5, -np.inf]], np.float32)
     for beta in (0.0, 0.5, 1.0):
-        rows = distill.rows_op(distill.aot_kernels("CPU"), 1.0, beta)
+        rows = distill.rows_op(get_distill_kernels("aot", "CPU")[1], 1.0, beta)
         if mode == "graph":
             with graph_mode():
                 got = rows(ms.Tensor(s), ms.Tensor(t)).asnumpy()
@@ -167,12 +171,12 @@ def test_vocabulary_sizes_and_extreme_logits(vocab):
     s2 = rng.standard_normal((rows, vocab)).astype(np.float32)
     t2 = s2 + 0.1 * rng.standard_normal((rows, vocab)).astype(np.float32)
     for beta in (0.0, 0.5):
-        op = distill.rows_op(distill.aot_kernels("CPU"), 0.05, beta)
+        op = distill.rows_op(get_distill_kernels("aot", "CPU")[1], 0.05, beta)
         got = op(ms.Tensor(s), ms.Tensor(t)).asnumpy()
         exact = reference.distillation_pointwise(s, t, 0.05, beta).sum(-1)
         assert np.isfinite(got).all()
         np.testing.assert_allclose(got, exact, rtol=2e-5, atol=1e-6 * np.abs(exact).max())
-        op = distill.rows_op(distill.aot_kernels("CPU"), 1.0, beta)
+        op = distill.rows_op(get_distill_kernels("aot", "CPU")[1], 1.0, beta)
         got = op(ms.Tensor(s2), ms.Tensor(t2)).asnumpy()
         exact = reference.distillation_pointwise(s2, t2, 1.0, beta).sum(-1)
         # Near-identical models: the divergence (~1e-5) is a difference of O(log V) terms, so its error is absolute

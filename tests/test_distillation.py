@@ -324,8 +324,10 @@ def test_training_step_graph_mode():
 
 # ---------------------------------------------------------------- every backend, dynamic shapes
 @pytest.mark.parametrize("run_mode", ["pynative", "graph"])
-def test_every_backend_with_masks(backend, run_mode):
-    """`backend` (conftest) is each backend available here: distillation_loss must be right on all of them."""
+def test_every_backend_with_masks(distill_backend, run_mode):
+    """`distill_backend` (conftest) is each backend that runs distillation here: distillation_loss must be right on
+    all of them."""
+    backend = distill_backend
     rng = np.random.default_rng(21)
     s_np, t_np = _logits(rng, (3, 5)), _logits(rng, (3, 5))
     s_np[0, 1] = t_np[0, 1] = NEG   # masked in both
@@ -344,8 +346,9 @@ def test_every_backend_with_masks(backend, run_mode):
     np.testing.assert_allclose(gt.asnumpy(), et, rtol=2e-4, atol=4e-6)
 
 
-def test_dynamic_batch_size(backend):
+def test_dynamic_batch_size(distill_backend):
     """One graph for every batch size (set_inputs with an unknown batch dim), values and both gradients."""
+    backend = distill_backend
     old = ms.get_context("mode")
     ms.set_context(mode=ms.GRAPH_MODE)
     try:
@@ -397,3 +400,17 @@ def test_mindspore_train_model():
         assert after < 0.9 * before
     finally:
         ms.set_context(mode=old)
+
+
+def test_backend_without_distillation_says_so():
+    """One registry: a backend that does not implement distillation (AKG's kernels are KL only) is refused with the
+    registry's reason, as kl_div refuses a backend that cannot run; unknown names and non-str are refused too."""
+    s = ms.Tensor(np.zeros((2, 3)), ms.float32)
+    rows = {r["name"]: r for r in ms_kldiv.backend_info(op="distillation")}
+    if "akg" in rows:
+        with pytest.raises(RuntimeError, match="does not implement distillation"):
+            ms_kldiv.distillation_loss(s, s, backend="akg")
+    with pytest.raises(ValueError, match="'backend'"):
+        ms_kldiv.distillation_loss(s, s, backend="quantum")
+    with pytest.raises(TypeError, match="'backend'"):
+        ms_kldiv.distillation_loss(s, s, backend=["auto"])

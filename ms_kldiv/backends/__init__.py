@@ -1,9 +1,10 @@
-"""Backend registry and dispatcher.
+"""Backend registry and dispatcher: the one door through which every op chooses its implementation.
 
-Each module in this package implements one way to compute the loss and registers a ``Backend`` with a
-capability check (``unavailable_reason``) and a per-device preference. ``'auto'`` picks the most preferred
-backend that can run on the current device target and falls back (warning once) when a better one cannot.
-The API layer (``ms_kldiv.functional``) only ever calls ``get_op``.
+Each module in this package implements the package's ops one way and registers a ``Backend`` that declares which
+ops it implements (``ops``), a capability check per op and device (``unavailable_reason``) and a per-device
+preference. For each op, ``'auto'`` picks the most preferred backend that can run it on the current device target
+and falls back (warning once) when a better one cannot; ``backend=NAME`` means the same thing for every op. The
+API layer calls ``get_op`` (``kl_div``) and ``get_distill_kernels`` (the distillation losses and the fused head).
 """
 import functools
 import importlib
@@ -15,9 +16,10 @@ from mindspore import context as _ms_context
 from mindspore.ops import constexpr
 
 from .. import _compat
-from .base import Backend
+from .base import OPS, Backend
 
-__all__ = ["Backend", "register", "names", "get", "resolve", "get_op", "backend_info", "device_target"]
+__all__ = ["Backend", "OPS", "register", "names", "get", "resolve", "get_op", "get_distill_kernels", "backend_info",
+           "device_target"]
 
 _logger = logging.getLogger("ms_kldiv")
 _REGISTRY = {}
@@ -38,6 +40,7 @@ def register(backend):
     impls = [b for b in _REGISTRY.get(backend.name, []) if type(b) is not type(backend)]
     _REGISTRY[backend.name] = impls + [backend]
     _make_op.cache_clear()
+    _distill_kernels.cache_clear()
     return backend
 
 
@@ -84,30 +87,36 @@ def _warn_once(key, message):
     warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
-def resolve(name="auto", device=None):
-    """The Backend that ``backend=name`` runs on ``device`` (default: the current device target)."""
-    device = device or device_target()
+def check_name(name, caller="kl_div"):
+    """TypeError/ValueError for a ``backend=`` that is not a str or not a registered name (before anything runs)."""
     if not isinstance(name, str):
-        raise TypeError(f"For 'kl_div', 'backend' must be a str, but got {type(name).__name__}: {name!r}.")
+        raise TypeError(f"For '{caller}', 'backend' must be a str, but got {type(name).__name__}: {name!r}.")
+    if name != "auto" and name not in _REGISTRY:
+        raise ValueError(f"For '{caller}', 'backend' must be 'auto' or one of {list(_REGISTRY)}, but got {name!r}.")
+
+
+def resolve(name="auto", device=None, op="kl_div", caller=None):
+    """The Backend that ``backend=name`` runs ``op`` with on ``device`` (default: the current device target)."""
+    device = device or device_target()
+    caller = caller or op
+    check_name(name, caller)
     if name == "auto":
         skipped = []
         for b in _ranked(device):
-            reason = b.unavailable_reason(device)
+            reason = b.unavailable_reason(device, op)
             if reason is None:
                 if skipped:
-                    _warn_once((device, b.name, tuple(s for s, _ in skipped)),
-                               f"ms_kldiv: backend 'auto' on {device} uses '{b.name}' because "
+                    _warn_once((device, op, b.name, tuple(s for s, _ in skipped)),
+                               f"ms_kldiv: backend 'auto' runs {op} on {device} with '{b.name}' because "
                                + "; ".join(f"'{s}' is unavailable ({r})" for s, r in skipped))
                 return b
             skipped.append((b.name, reason))
-        raise RuntimeError(f"For 'kl_div', no backend can run on device target {device!r}: "
+        raise RuntimeError(f"For '{caller}', no backend can run {op} on device target {device!r}: "
                            + "; ".join(f"'{s}': {r}" for s, r in skipped))
-    if name not in _REGISTRY:
-        raise ValueError(f"For 'kl_div', 'backend' must be 'auto' or one of {list(_REGISTRY)}, but got {name!r}.")
     b = get(name, device)
-    reason = b.unavailable_reason(device)
+    reason = b.unavailable_reason(device, op)
     if reason is not None:
-        raise RuntimeError(f"For 'kl_div', backend {name!r} cannot run on {device}: {reason}.")
+        raise RuntimeError(f"For '{caller}', backend {name!r} cannot run on {device}: {reason}.")
     return b
 
 
@@ -130,21 +139,38 @@ compiled = constexpr(_compat.is_graph_placeholder, check=False)
 get_op.cache_clear = _make_op.cache_clear
 
 
-def backend_info(device=None):
-    """What runs where: one dict per registered backend for ``device`` (default: current device target).
+@functools.lru_cache(maxsize=None)
+def _distill_kernels(backend_name, device):
+    b = resolve(backend_name, device, "distillation", caller="distillation")
+    return b.name, b.distill_kernels(device)
 
-    Keys: ``name``, ``device``, ``available``, ``reason`` (why not, or None), ``preference`` (None if the
-    backend does not target this device), ``auto`` (True for the one ``backend='auto'`` picks), ``description``.
+
+def get_distill_kernels(backend, device=None):
+    """(name of the backend chosen, its distillation kernels) for ``backend=`` on ``device``; created once."""
+    return _distill_kernels(backend, device or device_target())
+
+
+def backend_info(device=None, op="kl_div"):
+    """What runs where: one dict per registered backend for ``op`` on ``device`` (default: current device
+    target); ``op=None`` gives the rows of every op (see ``OPS``), one after the other.
+
+    Keys: ``op``, ``name``, ``device``, ``available``, ``reason`` (why not, or None), ``preference`` (None if the
+    backend does not target this device), ``auto`` (True for the one ``backend='auto'`` picks for this op),
+    ``description``.
     """
     device = device or device_target()
+    if op is None:
+        return [row for each in OPS for row in backend_info(device, each)]
+    if op not in OPS:
+        raise ValueError(f"For 'backend_info', 'op' must be None or one of {list(OPS)}, but got {op!r}.")
     try:
-        chosen = resolve("auto", device).name
+        chosen = resolve("auto", device, op).name
     except RuntimeError:
         chosen = None
     rows = []
     for b in sorted((get(n, device) for n in _REGISTRY), key=lambda b: -b.preference.get(device, -1)):
-        reason = b.unavailable_reason(device)
-        rows.append({"name": b.name, "device": device, "available": reason is None, "reason": reason,
+        reason = b.unavailable_reason(device, op)
+        rows.append({"op": op, "name": b.name, "device": device, "available": reason is None, "reason": reason,
                      "preference": b.preference.get(device), "auto": b.name == chosen,
                      "description": b.description})
     return rows

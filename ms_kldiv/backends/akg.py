@@ -332,8 +332,8 @@ class AkgBackend(Backend):
     description = "MindSpore Hybrid DSL kernels compiled by AKG (one compile per tensor length, disk-cached)"
     preference = {"CPU": 10, "GPU": 50}
 
-    def unavailable_reason(self, device):
-        reason = super().unavailable_reason(device)
+    def unavailable_reason(self, device, op="kl_div"):
+        reason = super().unavailable_reason(device, op)
         if reason is not None:
             return reason
         if device == "CPU":

@@ -25,6 +25,7 @@ from .. import _build, _math
 from . import register
 from .base import Backend
 from .common import DISPATCH_LOCK, SerializedDispatch, custom_reg_info
+from .distill import AotDistillKernels
 
 _logger = logging.getLogger("ms_kldiv")
 
@@ -127,6 +128,7 @@ class AotBackend(Backend):
     name = "aot"
     description = "compiled C++ (CPU) / CUDA (GPU) kernels: fused single-pass forward and backward"
     preference = {"CPU": 100, "GPU": 100}
+    ops = ("kl_div", "distillation")
 
     def __init__(self):
         self._lock = threading.RLock()
@@ -145,11 +147,18 @@ class AotBackend(Backend):
                     self._libs[device] = (None, f"{_build.LIB_NAMES[device]} could not be built: {e}")
             return self._libs[device]
 
-    def unavailable_reason(self, device):
-        reason = super().unavailable_reason(device)
+    def unavailable_reason(self, device, op="kl_div"):
+        reason = super().unavailable_reason(device, op)
         if reason:
             return reason
-        return self.library(device)[1]
+        path, reason = self.library(device)
+        if reason is None and op == "distillation" and not _has_exports(path, ("DistillFwd",)):
+            # a library given by MS_KLDIV_LIB_DIR may predate the distillation kernels
+            reason = f"{path} predates the distillation kernels (no DistillFwd)"
+        return reason
+
+    def distill_kernels(self, device):
+        return AotDistillKernels(self.library(device)[0], device)
 
     def info(self, device="CPU"):
         """The library's own one-line description (ABI version, ISA, threads), or the reason it is missing."""
@@ -258,10 +267,17 @@ class HostCall:
         return out
 
 
-def _has_symbols(path, kinds, reduction, log_target):
+def _has_exports(path, names):
     import ctypes
-    lib = ctypes.CDLL(path)
-    return all(hasattr(lib, symbol(k, reduction, log_target)) for k in kinds)
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError:
+        return False
+    return all(hasattr(lib, n) for n in names)
+
+
+def _has_symbols(path, kinds, reduction, log_target):
+    return _has_exports(path, [symbol(k, reduction, log_target) for k in kinds])
 
 
 register(AotBackend())

@@ -27,6 +27,7 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from .. import _math
+from .._distill_math import STATS as DISTILL_STATS
 from . import distill, register
 from .base import Backend
 from .common import KLDivWrapper, PointwiseCore, custom_reg_info
@@ -62,19 +63,23 @@ def _vendor_dirs():
     return dirs
 
 
-def _has_op(vendor_dir):
-    """True if the vendor directory registers both operators and ships the aclnn header of the forward."""
-    if not os.path.isfile(os.path.join(vendor_dir, "op_api", "include", _ACLNN_HEADER)):
-        return False
+def _registers(vendor_dir, *op_names):
+    """True if one of the vendor directory's operator info files declares every operator in ``op_names``."""
     for path in glob.glob(os.path.join(vendor_dir, "op_impl", "ai_core", "tbe", "config", "*", "aic-*-ops-info.json")):
         try:
             with open(path, encoding="utf-8") as f:
                 info = json.load(f)
         except (OSError, ValueError):
             continue
-        if OP_NAME in info and GRAD_OP_NAME in info:
+        if all(name in info for name in op_names):
             return True
     return False
+
+
+def _has_op(vendor_dir):
+    """True if the vendor directory registers both operators and ships the aclnn header of the forward."""
+    return (os.path.isfile(os.path.join(vendor_dir, "op_api", "include", _ACLNN_HEADER))
+            and _registers(vendor_dir, OP_NAME, GRAD_OP_NAME))
 
 
 @functools.lru_cache(maxsize=8)
@@ -280,39 +285,21 @@ def native_op(reduction, log_target, kernel=None, fallback=None):
 # ------------------------------------------------------------------------- distillation (DistillCustom)
 DISTILL_OP_NAME = "DistillCustom"
 DISTILL_GRAD_OP_NAME = "DistillCustomGrad"
-DISTILL_STATS = 8  # float32 per row: loss, lse_student, lse_teacher, K1, K2, 0, 0, 0 (distill_custom.cpp)
 
 
 def distill_ops_installed():
     """True if the installed vendor package (see ``find_custom_opp``) also registers the distillation operators
     (packages built before they existed do not)."""
     found, _ = find_custom_opp()
-    if found is None:
-        return False
-    for path in glob.glob(os.path.join(found, "op_impl", "ai_core", "tbe", "config", "*", "aic-*-ops-info.json")):
-        try:
-            with open(path, encoding="utf-8") as f:
-                info = json.load(f)
-        except (OSError, ValueError):
-            continue
-        if DISTILL_OP_NAME in info and DISTILL_GRAD_OP_NAME in info:
-            return True
-    return False
+    return found is not None and _registers(found, DISTILL_OP_NAME, DISTILL_GRAD_OP_NAME)
 
 
 def _distill_reg_info(name, inputs, outputs, attrs, io_pattern):
     """reg_info with per-position dtypes: logits and gradients in the IO dtype, stats and dloss float32."""
-    from mindspore.ops import CustomRegOp, DataType
-    reg = CustomRegOp(name)
-    for i, n in enumerate(inputs):
-        reg = reg.input(i, n, "required")
-    for i, n in enumerate(outputs):
-        reg = reg.output(i, n, "required")
-    for attr_name, attr_type in attrs:
-        reg = reg.attr(attr_name, "required", attr_type)
-    for io in (DataType.F32_Default, DataType.F16_Default, DataType.BF16_Default):
-        reg = reg.dtype_format(*[io if is_io else DataType.F32_Default for is_io in io_pattern])
-    return reg.target("Ascend").get_op_info()
+    from mindspore.ops import DataType
+    formats = tuple(tuple(io if is_io else DataType.F32_Default for is_io in io_pattern)
+                    for io in (DataType.F32_Default, DataType.F16_Default, DataType.BF16_Default))
+    return custom_reg_info(name, "Ascend", inputs, outputs, formats=formats, attrs=attrs, required=True)
 
 
 def _stats_shape(s, *_):
@@ -366,6 +353,8 @@ class _DistillKernelBackward(nn.Cell):
 
 
 class AscendCDistillKernels:
+    dtypes = (ms.float16, ms.bfloat16, ms.float32)
+
     """Factory of the two distillation kernel Cells; the CPU tests substitute one whose Cells run the kernel
     sources on the AscendC stand-in (custom_ops/ascend/tests/distill_sim.py).
 
@@ -402,9 +391,10 @@ class AscendAotBackend(Backend):
     name = "aot"
     description = "AscendC operators KlDivCustom/KlDivCustomGrad (custom_ops/ascend), fused forward and backward"
     preference = {"Ascend": 100}
+    ops = ("kl_div", "distillation")
 
-    def unavailable_reason(self, device):
-        reason = super().unavailable_reason(device)
+    def unavailable_reason(self, device, op="kl_div"):
+        reason = super().unavailable_reason(device, op)
         if reason is not None:
             return reason
         found, searched = find_custom_opp()
@@ -413,10 +403,16 @@ class AscendAotBackend(Backend):
             return (f"the AscendC custom-op package ({OP_NAME}, {GRAD_OP_NAME}) is not installed; build and install "
                     f"it with custom_ops/ascend/build.sh --install, or point ASCEND_CUSTOM_OPP_PATH at its "
                     f"vendors/{VENDOR} directory (searched: {where})")
+        if op == "distillation" and not distill_ops_installed():
+            return (f"the installed AscendC package ({found}) predates the distillation operators "
+                    f"({DISTILL_OP_NAME}, {DISTILL_GRAD_OP_NAME}); rebuild it with custom_ops/ascend/build.sh --install")
         return None
 
     def make_op(self, reduction, log_target):
         return aot_op(reduction, log_target)
+
+    def distill_kernels(self, device):
+        return AscendCDistillKernels()
 
 
 class AscendNativeBackend(Backend):

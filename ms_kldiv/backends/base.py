@@ -1,17 +1,31 @@
-"""What a backend is, and the contract every backend's op meets.
+"""What a backend is, and the contracts its ops meet.
 
-A backend registers one instance of a ``Backend`` subclass (see ``ms_kldiv.backends.register``). The
-dispatcher asks it whether it can run on the current device target and, if so, for an op:
+A backend registers one instance of a ``Backend`` subclass (see ``ms_kldiv.backends.register``) and declares in
+``ops`` which of the package's ops it implements. The dispatcher asks it, per op, whether it can run on the
+current device target and, if so, for that op's implementation:
 
-    op = backend.make_op(reduction, log_target)     # called once per (backend, reduction, log_target, device)
-    out = op(input, target)                          # (make_graph_op: the same, for compiled code)
+``'kl_div'`` -- ``make_op(reduction, log_target)`` / ``make_graph_op(...)``: an op called once per (backend,
+    reduction, log_target, device). It receives two Tensors of the same floating dtype (already promoted) whose
+    shapes broadcast (already checked) and returns the broadcast-shaped loss for 'none' and a 0-d Tensor
+    otherwise, in that dtype; it implements the zero-mass rule, 'batchmean' dividing by ``input.shape[0]`` (1 for
+    a 0-d input), and is differentiable in both operands (gradients summed back to each operand's shape and
+    dtype) to second order, in PyNative, GRAPH_MODE and under ``ms.jit``.
 
-The op receives two Tensors of the same floating dtype (already promoted) whose shapes broadcast (already
-checked). It returns the broadcast-shaped loss for 'none' and a 0-d Tensor otherwise, in that dtype; it
-implements the zero-mass rule, 'batchmean' dividing by ``input.shape[0]`` (1 for a 0-d input), and is
-differentiable in both operands (gradients summed back to each operand's shape and dtype) to second order,
-in PyNative, GRAPH_MODE and under ``ms.jit``.
+``'distillation'`` -- ``distill_kernels(device)``: an object with the distillation kernel contract below, used by
+    ``distillation_loss``/``DistillationLoss`` (through ``ms_kldiv.backends.distill.rows_op``, which adds the
+    autodiff) and by ``FusedLinearDistillationLoss`` (which calls the kernels chunk by chunk). For student and
+    teacher logits of one shape [R, V] (V >= 1) and one dtype from ``kernels.dtypes``:
+
+    - ``forward(temperature, beta)`` -> Cell ``(s, t) -> float32 stats [R, STATS]``; column 0 is each row's loss
+      (T^2 times the divergence of ``beta``), the other columns are whatever the backward reads;
+    - ``backward(temperature, beta, teacher_grad)`` -> Cell ``(s, t, stats, dloss) -> (d_student, d_teacher)``
+      for the float32 incoming gradient ``dloss`` [R] of the row losses; rows with ``dloss == 0`` get exact
+      zeros whatever their logits hold; d_teacher is a one-element placeholder when ``teacher_grad`` is False;
+    - optionally ``backward_teacher(temperature, beta)`` -> Cell ``(s, t, stats, dloss) -> d_teacher``.
 """
+
+#: The ops a backend can implement, in the order ``backend_info(op=None)`` lists them.
+OPS = ("kl_div", "distillation")
 
 
 class Backend:
@@ -21,9 +35,13 @@ class Backend:
     description = ""
     #: device target -> preference in 'auto' (higher wins); devices not listed are not supported
     preference = {}
+    #: the ops this backend implements (see OPS)
+    ops = ("kl_div",)
 
-    def unavailable_reason(self, device):
-        """None when the op can run on ``device``, else a sentence saying why not."""
+    def unavailable_reason(self, device, op="kl_div"):
+        """None when ``op`` can run on ``device``, else a sentence saying why not."""
+        if op not in self.ops:
+            return f"backend '{self.name}' does not implement {op}"
         if device not in self.preference:
             return f"backend '{self.name}' does not support device target {device!r}"
         return None
@@ -37,3 +55,7 @@ class Backend:
         A backend may give graph mode an op whose backward is split into parts that the graph compiler drops
         when their result is unused (the 'aot' backend: one op per gradient)."""
         return self.make_op(reduction, log_target)
+
+    def distill_kernels(self, device):
+        """The distillation kernels (contract above) on ``device``; called only when available."""
+        raise NotImplementedError

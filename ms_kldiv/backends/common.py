@@ -160,7 +160,9 @@ class PointwiseCore(nn.Cell):
 
 def custom_reg_info(name, target, inputs, outputs, *, formats=None, attrs=(), required=False):
     """``reg_info`` of a Custom op: its inputs, outputs, attributes (name, type) and dtype formats (default:
-    any dtype and format, which is what lets ``Cell.set_inputs`` with ``None`` dims work for AOT ops)."""
+    any dtype and format, which is what lets ``Cell.set_inputs`` with ``None`` dims work for AOT ops). Each entry of
+    ``formats`` is one ``DataType`` (itself a (dtype, format) pair) for every position, or a tuple of them with one
+    per input and output."""
     from mindspore.ops import CustomRegOp, DataType
     reg = CustomRegOp(name)
     extra = ("required",) if required else ()
@@ -172,5 +174,5 @@ def custom_reg_info(name, target, inputs, outputs, *, formats=None, attrs=(), re
         reg = reg.attr(attr_name, "required", attr_type)
     count = len(inputs) + len(outputs)
     for fmt in formats or (DataType.None_None,):
-        reg = reg.dtype_format(*([fmt] * count))
+        reg = reg.dtype_format(*(fmt if isinstance(fmt[0], tuple) else [fmt] * count))
     return reg.target(target).get_op_info()

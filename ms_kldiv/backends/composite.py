@@ -1,34 +1,103 @@
 """Backend 'composite': plain MindSpore ops, runs on every device target in every mode.
 
-The pointwise math is ``ms_kldiv._math`` (the twin of ``custom_ops/common/kldiv_math.h``); the core's bprop
+kl_div: the pointwise math is ``ms_kldiv._math`` (the twin of ``custom_ops/common/kldiv_math.h``); the core's bprop
 gives both gradients of the SPEC's table, and being plain ops that bprop is itself differentiable, which gives
 second-order gradients. ``KLDivWrapper`` does the broadcasting and casts around it.
+
+distillation: the kernel contract (``ms_kldiv.backends.base``) computed with the closed forms of
+``ms_kldiv._distill_math``, in float64 where the device has it (MindSpore's float32 CPU ``exp`` and ``log`` lose
+~1e-6 relative, more than float32's own rounding), float32 on Ascend.
 """
 import mindspore as ms
+from mindspore import nn, ops
 
+from .._distill_math import STATS, row_grads, row_losses
 from . import register
 from .base import Backend
 from .common import KLDivWrapper, PointwiseCore
+
+
+def _acc_dtype(device, dtype=None):
+    if dtype == ms.float64:
+        return ms.float64
+    return ms.float32 if device == "Ascend" else ms.float64
 
 
 def composite_op(reduction, log_target, acc_dtype=None):
     """The composite op for one (reduction, log_target); sums accumulate in ``acc_dtype`` (default float64,
     float32 on Ascend, whose vector units have no float64)."""
     if acc_dtype is None:
-        acc_dtype = ms.float32 if ms.get_context("device_target") == "Ascend" else ms.float64
+        acc_dtype = _acc_dtype(ms.get_context("device_target"))
     return KLDivWrapper(PointwiseCore(reduction != "none", log_target, acc_dtype), reduction)
+
+
+class _DistillForward(nn.Cell):
+    def __init__(self, temperature, beta, acc_dtype):
+        super().__init__()
+        self.temperature, self.beta, self.acc_dtype = temperature, beta, acc_dtype
+        # stats = the row loss in column 0; the other columns are not read by this backward
+        self.first_column = ms.Tensor([1.0] + [0.0] * (STATS - 1), ms.float32)
+
+    def construct(self, s, t):
+        loss = row_losses(ops.cast(s, self.acc_dtype), ops.cast(t, self.acc_dtype), self.temperature, self.beta)
+        return ops.expand_dims(ops.cast(loss, ms.float32), -1) * self.first_column
+
+
+class _DistillBackward(nn.Cell):
+    def __init__(self, temperature, beta, acc_dtype, student=True, teacher=True):
+        super().__init__()
+        self.temperature, self.beta, self.acc_dtype = temperature, beta, acc_dtype
+        self.student, self.teacher = student, teacher
+
+    def _scaled(self, d, g, like):
+        # rows whose incoming gradient is 0 get exact zeros, even where their logits are NaN
+        return ops.cast(ops.where(g != 0, d * ops.cast(g, d.dtype), 0.0), like.dtype)
+
+    def construct(self, s, t, stats, dloss):
+        ds, dt = row_grads(ops.cast(s, self.acc_dtype), ops.cast(t, self.acc_dtype), self.temperature, self.beta,
+                           self.teacher)
+        g = ops.expand_dims(dloss, -1)
+        if not self.student:
+            return self._scaled(dt, g, t)
+        if self.teacher:
+            return self._scaled(ds, g, s), self._scaled(dt, g, t)
+        return self._scaled(ds, g, s), ops.zeros((1,), t.dtype)
+
+
+class CompositeDistillKernels:
+    """The distillation kernel contract in MindSpore ops (closed forms of ``ms_kldiv._distill_math``): every dtype,
+    every device. The stats hold the row loss only; the backward recomputes the softmaxes. float64 logits are left
+    to the callers' float64 composition (the contract's stats are float32)."""
+
+    dtypes = (ms.float16, ms.bfloat16, ms.float32)
+
+    def __init__(self, device):
+        self.device = device
+
+    def forward(self, temperature, beta):
+        return _DistillForward(temperature, beta, _acc_dtype(self.device))
+
+    def backward(self, temperature, beta, teacher_grad):
+        return _DistillBackward(temperature, beta, _acc_dtype(self.device), teacher=teacher_grad)
+
+    def backward_teacher(self, temperature, beta):
+        return _DistillBackward(temperature, beta, _acc_dtype(self.device), student=False)
 
 
 class CompositeBackend(Backend):
     name = "composite"
     description = "plain MindSpore ops (runs on every device target)"
     preference = {"CPU": 0, "GPU": 0, "Ascend": 0}
+    ops = ("kl_div", "distillation")
 
-    def unavailable_reason(self, device):
-        return None
+    def unavailable_reason(self, device, op="kl_div"):
+        return None if op in self.ops else super().unavailable_reason(device, op)
 
     def make_op(self, reduction, log_target):
         return composite_op(reduction, log_target)
+
+    def distill_kernels(self, device):
+        return CompositeDistillKernels(device)
 
 
 register(CompositeBackend())

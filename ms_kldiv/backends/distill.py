@@ -14,15 +14,11 @@ dtype (float32, float16 or bfloat16; V >= 1):
 the reduction (O(rows) work). Second order goes through plain MindSpore ops: the closed-form gradients of
 ``ms_kldiv._distill_math``, differentiated.
 """
-import ctypes
-
 import mindspore as ms
 from mindspore import nn, ops
 
-from .. import _build
+from .._distill_math import row_grads
 from .common import custom_reg_info
-
-STATS = 8  # columns of the statistics (distill::kStats)
 
 
 # Picked in __init__: (d_student, d_teacher) from what the backward core returns.
@@ -43,8 +39,6 @@ class _DistillGradPairing(nn.Cell):
 
     def __init__(self, temperature, beta, student=True, teacher=True):
         super().__init__()
-        from .. import _distill_math  # lazily: it imports the functional API, which imports the backends
-        self.loss_and_grads = _distill_math.loss_and_grads
         self.temperature = temperature
         self.beta = beta
         self.student = student
@@ -56,8 +50,7 @@ class _DistillGradPairing(nn.Cell):
         s2 = ops.reshape(ops.cast(student, f32), (-1, vocab))
         t2 = ops.reshape(ops.cast(teacher, f32), (-1, vocab))
         w = ops.reshape(ops.cast(g, f32), (-1, 1))
-        keep = ops.ones((s2.shape[0],), ms.bool_)
-        _, ds, dt = self.loss_and_grads(s2, t2, self.temperature, self.beta, keep, self.teacher, True)
+        ds, dt = row_grads(s2, t2, self.temperature, self.beta, self.teacher, differentiable=True)
         total = ops.zeros((), f32)
         if self.student:
             total = total + (ops.reshape(ops.cast(cs, f32), (-1, vocab)) * w * ds).sum()
@@ -208,6 +201,8 @@ class AotDistillKernels:
     """The fused distillation kernels of a compiled library: libkldiv_cpu.so (custom_ops/cpu/distill_cpu.cc) for
     target 'CPU', libkldiv_cuda.so (custom_ops/gpu/distill_cuda.cu) for 'GPU'."""
 
+    dtypes = (ms.float16, ms.bfloat16, ms.float32)
+
     def __init__(self, lib_path, target="CPU"):
         self.lib_path = lib_path
         self.target = target
@@ -224,20 +219,3 @@ class AotDistillKernels:
     def backward_teacher(self, temperature, beta):
         return _AotKernel(self, "DistillBwdTeacher", ("s", "t", "hyper", "stats", "dloss"), ("dt",),
                           lambda s, t, *_: t, temperature, beta)
-
-
-def aot_kernels(device="CPU"):
-    """AotDistillKernels of ``device``'s library ('CPU' or 'GPU'), or None when it is missing, cannot be built here
-    or predates the distillation kernels."""
-    if device not in ("CPU", "GPU"):
-        return None
-    try:
-        path = _build.ensure_library(device)
-    except (_build.BuildError, OSError):
-        return None
-    try:  # a library given by MS_KLDIV_LIB_DIR may predate the distillation kernels
-        if not hasattr(ctypes.CDLL(path), "DistillFwd"):
-            return None
-    except OSError:
-        return None
-    return AotDistillKernels(path, device)
