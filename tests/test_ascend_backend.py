@@ -5,7 +5,7 @@ Without an Ascend device, everything except the kernels themselves runs here:
     custom-op package on disk;
   * the Python layer of both ops (routing, broadcasting, scaling, dtype handling, first- and second-order
     gradients) in PyNative, GRAPH_MODE and under ms.jit, with the AscendC kernels run as pyfunc Custom ops:
-    the kernel sources compiled for the CPU stand-in of AscendC (custom_ops/ascend/tests/ascendc_sim), and
+    the kernel sources compiled for the CPU stand-in of AscendC (tests/ascend/ascendc_sim), and
     aclnnKlDiv replaced by PyTorch's convention (NaN for negative targets) written in MindSpore ops;
   * the real operators, only on an Ascend device with the package installed (skipped otherwise, saying why).
 """
@@ -28,7 +28,7 @@ backends = sys.modules["ms_kldiv.backends"]  # the registry module (ms_kldiv.bac
 
 from conftest import TOL, assert_close, graph_mode, make, to_numpy
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "custom_ops", "ascend", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "ascend"))
 import kldiv_tile_model as model  # noqa: E402
 
 F32, F16 = ms.float32, ms.float16
@@ -536,7 +536,7 @@ def test_bench_rows_run_through_the_shared_harness(tmp_path):
 
 # ------------------------------------------------------------------ distillation: DistillCustom / DistillCustomGrad
 # ascend.distill_rows_op with its kernels replaced by pyfunc Custom ops that run the kernel sources on the AscendC
-# stand-in (custom_ops/ascend/tests/distill_sim.py): the Python wiring (stats as the forward's output, the loss
+# stand-in (tests/ascend/distill_sim.py): the Python wiring (stats as the forward's output, the loss
 # column, the bprop through the backward kernel, ignored rows, frozen teacher) in PyNative, GRAPH_MODE and ms.jit.
 import distill_sim  # noqa: E402
 

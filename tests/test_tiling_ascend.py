@@ -14,7 +14,7 @@ import pytest
 
 from ms_kldiv import reference as ref
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "custom_ops", "ascend", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "ascend"))
 import kldiv_tile_model as model  # noqa: E402
 
 pytestmark = pytest.mark.skipif(model.compiler() is None, reason="no C++ compiler (g++ or $CXX) to build the tiling")
@@ -308,10 +308,10 @@ def test_model_is_deterministic_and_core_count_only_changes_rounding(tiling):
 
 
 # ------------------------------------------------------------------ the kernel sources, executed on the CPU
-# op_kernel/*.cpp compiled with g++ against a CPU stand-in of the AscendC API (custom_ops/ascend/tests/
-# ascendc_sim): one thread per vector core, SyncAll a barrier, UB allocations, DataCopy alignment and
-# CompareScalar repeat sizes checked. This runs the real kernel code paths (core split, queues, tails,
-# masks, fused reduction with the workspace and the final pass); only the API underneath is simulated.
+# op_kernel/*.cpp compiled with g++ against a CPU stand-in of the AscendC API (tests/ascend/ascendc_sim):
+# one thread per vector core, SyncAll a barrier, UB allocations, DataCopy alignment and CompareScalar repeat
+# sizes checked. This runs the real kernel code paths (core split, queues, tails, masks, fused reduction with
+# the workspace and the final pass); only the API underneath is simulated.
 @pytest.fixture(scope="module", params=["float32", "float16", "bfloat16"])
 def sim(request):
     return model.KernelSimulator(request.param)
@@ -407,7 +407,7 @@ def test_stand_in_rejects_what_the_real_api_rejects(case):
 
 
 # ---------------------------------------------------- fused distillation kernels (DistillCustom / DistillCustomGrad)
-# op_kernel/distill_custom*.cpp compiled against the same stand-in (custom_ops/ascend/tests/distill_sim.py) and
+# op_kernel/distill_custom*.cpp compiled against the same stand-in (tests/ascend/distill_sim.py) and
 # checked against the float64 reference ms_kldiv.reference.distillation_pointwise.
 import distill_sim  # noqa: E402
 

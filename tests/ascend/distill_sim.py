@@ -19,9 +19,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SIM_DIR = os.path.join(HERE, "ascendc_sim")
 _DEPS = [os.path.join(SIM_DIR, f) for f in ("distill_sim_driver.cpp", "kernel_operator.h",
                                             "register/tilingdata_base.h")] \
-    + [os.path.join(HERE, "..", "op_kernel", f) for f in ("distill_custom.cpp", "distill_custom_grad.cpp",
-                                                          "distill_common.h", "distill_tiling_plan.h")] \
-    + [os.path.join(HERE, "..", "op_host", "distill_custom_tiling.h")]
+    + [os.path.join(_km.ASCEND_SRC, "op_kernel", f) for f in ("distill_custom.cpp", "distill_custom_grad.cpp",
+                                                             "distill_common.h", "distill_tiling_plan.h")] \
+    + [os.path.join(_km.ASCEND_SRC, "op_host", "distill_custom_tiling.h")]
 _TYPES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16_t"}
 
 FORWARD, BACKWARD_STUDENT, BACKWARD_BOTH = range(3)
