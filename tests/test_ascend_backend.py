@@ -497,7 +497,7 @@ def test_on_ascend_hardware(backend_name, mode):
 
 # ------------------------------------------------------------------------------------------ benchmark
 ROOT = os.path.join(os.path.dirname(__file__), "..")
-BENCH = os.path.join(ROOT, "examples", "bench_ascend.py")
+BENCH = os.path.join(ROOT, "benchmarks", "ascend", "bench_ascend.py")
 
 
 def _python(code_or_args, cwd):
@@ -527,7 +527,7 @@ def test_bench_rows_run_through_the_shared_harness(tmp_path):
             " log=None)\n"
             "bad = [x for x in r if not x['ms']]\n"
             "assert not bad, bad\n"
-            "print(harness.table(r, ref_key='composite'))\n") % os.path.abspath(os.path.join(ROOT, "examples"))
+            "print(harness.table(r, ref_key='composite'))\n") % os.path.abspath(os.path.dirname(BENCH))
     res = _python(["-c", code], str(tmp_path))
     assert res.returncode == 0, res.stdout + res.stderr
     assert "ms_kldiv composite" in res.stdout and "ops.kl_div" in res.stdout
