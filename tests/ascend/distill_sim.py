@@ -164,7 +164,7 @@ def weighted_f64(p, x):
 
 def reference_grads_f64(student, teacher, temperature, beta, g):
     """(d_student, d_teacher) of sum_rows g * loss_row in float64, closed form from the definition
-    (tests/test_tiling_ascend.py checks it against finite differences of the float64 loss)."""
+    (tests/test_ascend_tiling_distill.py checks it against finite differences of the float64 loss)."""
     ls, lt = log_softmax_f64(student, temperature), log_softmax_f64(teacher, temperature)
     ps, pt = np.exp(ls), np.exp(lt)
     c = np.asarray(g, np.float64)[..., None] * temperature
