@@ -301,7 +301,7 @@ def copy_sources(dest):
         d = os.path.join(src, sub)
         if os.path.isdir(d):
             shutil.copytree(d, os.path.join(dest, sub), dirs_exist_ok=True,
-                            ignore=shutil.ignore_patterns("*.o", "*.so", "__pycache__", "sim"))
+                            ignore=shutil.ignore_patterns("*.o", "*.so", "__pycache__"))
 
 
 # --------------------------------------------------------------------------------------------- run time

@@ -1,4 +1,4 @@
-// One launch syntax for nvcc and for the CUDA-on-CPU stand-in (sim/cuda_sim.h, compiled by g++):
+// One launch syntax for nvcc and for the CUDA-on-CPU stand-in (tests/gpu/standin/cuda_sim.h, compiled by g++):
 //   KLDIV_LAUNCH(grid, block, smem, stream, kernel<T, ...>)(args...);
 // The kernel comes last so a template argument list's commas need no parentheses.
 #pragma once

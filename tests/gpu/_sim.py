@@ -1,4 +1,4 @@
-"""Runs custom_ops/gpu/*.cu on the CUDA-on-CPU stand-in (custom_ops/gpu/sim/cuda_sim.h).
+"""Runs custom_ops/gpu/*.cu on the CUDA-on-CPU stand-in (tests/gpu/standin/cuda_sim.h).
 
 ``build()`` compiles the .cu sources with g++ against the stand-in headers into a shared library cached in
 ``~/.cache/ms_kldiv/cudasim/<hash of sources, headers and flags>/`` (never in the working tree); it exports
@@ -22,7 +22,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SRC = os.path.join(ROOT, "custom_ops")
-SIM = os.path.join(SRC, "gpu", "sim")
+SIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin")
 CXX = os.environ.get("CXX", "g++")
 # Every load/store of the kernel TU calls the stand-in's bounds check (kernel-address instrumentation with
 # callbacks only: no shadow memory, no ASan runtime).

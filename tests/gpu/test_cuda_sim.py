@@ -1,4 +1,4 @@
-"""custom_ops/gpu/kldiv_cuda.cu executed on the CUDA-on-CPU stand-in (custom_ops/gpu/sim), through the
+"""custom_ops/gpu/kldiv_cuda.cu executed on the CUDA-on-CPU stand-in (tests/gpu/standin), through the
 same ABI as libkldiv_cuda.so, against the float64 reference: the GPU matrix of test_cuda_kernels.py at
 small sizes (every reduction x target space x dtype x broadcast pattern, empty, NaN/inf/zero mass,
 misaligned views, determinism). The stand-in aborts the child on divergence, barrier, bounds or

@@ -1,4 +1,4 @@
-"""The CUDA-on-CPU stand-in itself (custom_ops/gpu/sim): half/bfloat16 conversions bit-identical to NumPy
+"""The CUDA-on-CPU stand-in itself (tests/gpu/standin): half/bfloat16 conversions bit-identical to NumPy
 and a bit-level bfloat16 reference over all 65,536 patterns; warp operations against hand-computed
 results; and deliberately broken kernels (tests/gpu/sim_cases/kernels.cu) each rejected with the right
 error: a shuffle in a lane-dependent branch, an off-by-one tail, a missing __syncthreads before reading

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "../op_kernel/kl_div_tiling_plan.h"
+#include "../../custom_ops/ascend/op_kernel/kl_div_tiling_plan.h"
 
 using namespace kldiv_tiling;
 

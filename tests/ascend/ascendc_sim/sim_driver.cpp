@@ -8,11 +8,11 @@
 #include <thread>
 
 #include "kernel_operator.h"
-#include "../../op_host/kl_div_custom_tiling.h"
+#include "../../../custom_ops/ascend/op_host/kl_div_custom_tiling.h"
 using optiling::KlDivCustomTilingData;
 
-#include "../../op_kernel/kl_div_custom.cpp"
-#include "../../op_kernel/kl_div_custom_grad.cpp"
+#include "../../../custom_ops/ascend/op_kernel/kl_div_custom.cpp"
+#include "../../../custom_ops/ascend/op_kernel/kl_div_custom_grad.cpp"
 
 namespace {
 

@@ -19,8 +19,9 @@ import tempfile
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ASCEND_SRC = os.path.normpath(os.path.join(HERE, "..", "..", "custom_ops", "ascend"))  # the kernels run here
 CAPI_SRC = os.path.join(HERE, "tiling_capi.cpp")
-PLAN_HDR = os.path.join(HERE, "..", "op_kernel", "kl_div_tiling_plan.h")
+PLAN_HDR = os.path.join(ASCEND_SRC, "op_kernel", "kl_div_tiling_plan.h")
 
 FORWARD_NONE, FORWARD_REDUCE, BACKWARD_NONE, BACKWARD_REDUCE = range(4)
 REDUCTION_CODES = {"none": 0, "sum": 1, "mean": 2, "batchmean": 3}
@@ -293,9 +294,9 @@ def backward(tiling, x, t, dout, reduction, log_target, dtype="float32", cores=A
 # ------------------------------------------------------------------------- the kernel sources on the CPU
 SIM_DIR = os.path.join(HERE, "ascendc_sim")
 _SIM_DEPS = [os.path.join(SIM_DIR, f) for f in ("sim_driver.cpp", "kernel_operator.h", "register/tilingdata_base.h")] \
-    + [os.path.join(HERE, "..", "op_kernel", f) for f in ("kl_div_custom.cpp", "kl_div_custom_grad.cpp",
-                                                          "kl_div_common.h", "kl_div_tiling_plan.h")] \
-    + [os.path.join(HERE, "..", "op_host", "kl_div_custom_tiling.h")]
+    + [os.path.join(ASCEND_SRC, "op_kernel", f) for f in ("kl_div_custom.cpp", "kl_div_custom_grad.cpp",
+                                                         "kl_div_common.h", "kl_div_tiling_plan.h")] \
+    + [os.path.join(ASCEND_SRC, "op_host", "kl_div_custom_tiling.h")]
 # Each stand-in library keeps its own copy of the stand-in's globals (inline variables such as AscendC::g_core):
 # g++ would make them STB_GNU_UNIQUE, which the loader shares between the KLDiv and distillation libraries.
 SIM_FLAGS = ["-std=c++20", "-O2", "-shared", "-fPIC", "-fno-gnu-unique", "-Wl,-Bsymbolic", "-Wall", "-Wextra",
@@ -304,7 +305,7 @@ _SIM_TYPES = {"float32": ("float", np.float32), "float16": ("half", np.float16),
 
 
 def build_simulator(dtype):
-    """Compile op_kernel/*.cpp against the AscendC CPU stand-in (tests/ascendc_sim) for one IO dtype."""
+    """Compile op_kernel/*.cpp against the AscendC CPU stand-in (ascendc_sim/) for one IO dtype."""
     cxx = compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler (g++ or $CXX) on PATH")

@@ -1,15 +1,17 @@
-"""The Ascend backends ('aot': AscendC KlDivCustom/KlDivCustomGrad, 'native': aclnnKlDiv + our gradients).
+"""The Ascend KL-divergence backends ('aot': AscendC KlDivCustom/KlDivCustomGrad, 'native': aclnnKlDiv + our
+gradients).
 
 Without an Ascend device, everything except the kernels themselves runs here:
   * registration and availability reporting on CPU (nothing Ascend is touched) and with a fake installed
     custom-op package on disk;
   * the Python layer of both ops (routing, broadcasting, scaling, dtype handling, first- and second-order
     gradients) in PyNative, GRAPH_MODE and under ms.jit, with the AscendC kernels run as pyfunc Custom ops:
-    the kernel sources compiled for the CPU stand-in of AscendC (custom_ops/ascend/tests/ascendc_sim), and
+    the kernel sources compiled for the CPU stand-in of AscendC (tests/ascend/ascendc_sim), and
     aclnnKlDiv replaced by PyTorch's convention (NaN for negative targets) written in MindSpore ops;
-  * the real operators, only on an Ascend device with the package installed (skipped otherwise, saying why).
+  * the real operators, only on an Ascend device with the package installed (skipped otherwise, saying why);
+  * benchmarks/ascend/bench_ascend.py's rows and its no-Ascend exit path.
+The distillation operators are in test_ascend_distill.py.
 """
-import json
 import os
 import sys
 import warnings
@@ -24,16 +26,13 @@ import ms_kldiv
 from ms_kldiv import reference as ref
 from ms_kldiv.backends import ascend
 
-backends = sys.modules["ms_kldiv.backends"]  # the registry module (ms_kldiv.backends is also a function)
+from conftest import TOL, assert_close, make, to_numpy
+import _ascend_common
+from _ascend_common import F16, F32, NP_DTYPE, WIRING_MODES, Bound, backends, fake_vendor, model, run_in_mode
 
-from conftest import TOL, assert_close, graph_mode, make, to_numpy
+clean_env = _ascend_common.clean_env  # a fixture: pytest looks it up in this module
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "custom_ops", "ascend", "tests"))
-import kldiv_tile_model as model  # noqa: E402
-
-F32, F16 = ms.float32, ms.float16
 REDUCTIONS = ("none", "sum", "mean", "batchmean")
-WIRING_MODES = ("pynative", "graph", "jit")
 
 
 # ------------------------------------------------------------------------------------ registration
@@ -52,29 +51,6 @@ def test_registered_for_ascend_only_and_harmless_on_cpu():
     assert "CPU" in rows["native"]["reason"]
 
 
-def _fake_vendor(root, name="ms_kldiv", ops_in_json=("KlDivCustom", "KlDivCustomGrad"), header=True):
-    """The files of an installed custom-op package that detection looks at."""
-    vendor = os.path.join(root, name)
-    cfg = os.path.join(vendor, "op_impl", "ai_core", "tbe", "config", "ascend910b")
-    os.makedirs(cfg)
-    with open(os.path.join(cfg, "aic-ascend910b-ops-info.json"), "w") as f:
-        json.dump({op: {"opFile": {"value": "kl_div_custom"}} for op in ops_in_json}, f)
-    inc = os.path.join(vendor, "op_api", "include")
-    os.makedirs(inc)
-    if header:
-        open(os.path.join(inc, "aclnn_kl_div_custom.h"), "w").close()
-    return vendor
-
-
-@pytest.fixture
-def clean_env(monkeypatch):
-    monkeypatch.delenv("ASCEND_CUSTOM_OPP_PATH", raising=False)
-    monkeypatch.delenv("ASCEND_OPP_PATH", raising=False)
-    ascend._find_custom_opp.cache_clear()
-    yield monkeypatch
-    ascend._find_custom_opp.cache_clear()
-
-
 def test_aot_unavailable_without_package_says_how_to_get_it(clean_env):
     reason = backends.get("aot", "Ascend").unavailable_reason("Ascend")
     assert "not installed" in reason and "build.sh" in reason and "ASCEND_CUSTOM_OPP_PATH" in reason
@@ -90,7 +66,7 @@ def test_aot_unavailable_without_package_says_how_to_get_it(clean_env):
 
 
 def test_aot_found_through_custom_opp_path(clean_env, tmp_path):
-    vendor = _fake_vendor(str(tmp_path))
+    vendor = fake_vendor(str(tmp_path))
     clean_env.setenv("ASCEND_CUSTOM_OPP_PATH", f"/nonexistent:{vendor}")
     ascend._find_custom_opp.cache_clear()
     assert ascend.find_custom_opp()[0] == vendor
@@ -104,8 +80,8 @@ def test_aot_found_in_opp_vendors(clean_env, tmp_path):
     opp = tmp_path / "opp"
     vendors = opp / "vendors"
     vendors.mkdir(parents=True)
-    _fake_vendor(str(vendors), name="other_vendor", ops_in_json=("SomethingElse",))
-    vendor = _fake_vendor(str(vendors), name="ms_kldiv")
+    fake_vendor(str(vendors), name="other_vendor", ops_in_json=("SomethingElse",))
+    vendor = fake_vendor(str(vendors), name="ms_kldiv")
     (vendors / "config.ini").write_text("load_priority=other_vendor,ms_kldiv\n")
     clean_env.setenv("ASCEND_OPP_PATH", str(opp))
     ascend._find_custom_opp.cache_clear()
@@ -114,8 +90,8 @@ def test_aot_found_in_opp_vendors(clean_env, tmp_path):
 
 @pytest.mark.parametrize("broken", ["no_grad_op", "no_header"])
 def test_incomplete_package_is_not_used(clean_env, tmp_path, broken):
-    vendor = _fake_vendor(str(tmp_path), ops_in_json=("KlDivCustom",) if broken == "no_grad_op" else
-                          ("KlDivCustom", "KlDivCustomGrad"), header=broken != "no_header")
+    vendor = fake_vendor(str(tmp_path), ops_in_json=("KlDivCustom",) if broken == "no_grad_op" else
+                         ("KlDivCustom", "KlDivCustomGrad"), header=broken != "no_header")
     clean_env.setenv("ASCEND_CUSTOM_OPP_PATH", vendor)
     ascend._find_custom_opp.cache_clear()
     assert ascend.find_custom_opp()[0] is None
@@ -123,18 +99,6 @@ def test_incomplete_package_is_not_used(clean_env, tmp_path, broken):
 
 
 # --------------------------------------------------------------------- kernels replaced by the model
-_NP_DTYPE = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}
-
-
-class _Bound(nn.Cell):
-    def __init__(self, op):
-        super().__init__()
-        self.op = op
-
-    def construct(self, *args):
-        return self.op(*args)
-
-
 class SimulatedKernels:
     """The AscendCKernels contract, computed by the kernel sources themselves (op_kernel/*.cpp run on the
     CPU stand-in of AscendC, see kldiv_tile_model.KernelSimulator), wrapped in pyfunc Custom ops."""
@@ -144,7 +108,7 @@ class SimulatedKernels:
         self.cores = cores
 
     def _sim(self, np_dtype):
-        name = _NP_DTYPE[np.dtype(np_dtype)]
+        name = NP_DTYPE[np.dtype(np_dtype)]
         if name not in self.sims:
             self.sims[name] = model.KernelSimulator(name)
         return self.sims[name]
@@ -155,15 +119,15 @@ class SimulatedKernels:
             return np.asarray(y, x.dtype)
 
         out_shape = (lambda x, t: x) if reduction == "none" else (lambda x, t: [])
-        return _Bound(ops.Custom(kernel, out_shape=out_shape, out_dtype=lambda x, t: x, func_type="pyfunc"))
+        return Bound(ops.Custom(kernel, out_shape=out_shape, out_dtype=lambda x, t: x, func_type="pyfunc"))
 
     def backward(self, reduction, log_target):
         def kernel(x, t, g):
             dx, dt = self._sim(x.dtype).backward(x, t, g, reduction, log_target, cores=self.cores)
             return np.asarray(dx, x.dtype), np.asarray(dt, t.dtype)
 
-        return _Bound(ops.Custom(kernel, out_shape=lambda x, t, g: (x, t), out_dtype=lambda x, t, g: (x, t),
-                                 func_type="pyfunc"))
+        return Bound(ops.Custom(kernel, out_shape=lambda x, t, g: (x, t), out_dtype=lambda x, t, g: (x, t),
+                                func_type="pyfunc"))
 
 
 def _torch_convention(summed, log_target):
@@ -239,18 +203,6 @@ class _Weighted(nn.Cell):
 _CELLS = {}
 
 
-def _run(mode, cell, *args):
-    if mode == "jit":
-        key = id(cell)
-        if key not in _CELLS:
-            _CELLS[key] = ms.jit(cell)
-        return _CELLS[key](*args)
-    if mode == "graph":
-        with graph_mode():
-            return cell(*args)
-    return cell(*args)
-
-
 class AllReductions(nn.Cell):
     """(loss, d/dx, d/dt) for every reduction in one Cell, so one graph compile serves all four."""
 
@@ -305,7 +257,7 @@ def _check_case(kind, mode, x_np, t_np, log_target, dtype, seed=0):
     bshape = np.broadcast_shapes(xv.shape, tv.shape)
     rng = np.random.default_rng(seed)
     (w_none, wv_none), (w_red, wv_red) = make(rng.uniform(0.5, 1.5, bshape), dtype), make(rng.uniform(0.5, 1.5), dtype)
-    results = _run(mode, _all(kind, log_target), x, t, w_none, w_red)
+    results = run_in_mode(mode, _all(kind, log_target), x, t, w_none, w_red)
     for reduction, (out, dx, dt) in zip(REDUCTIONS, results):
         wv = wv_none if reduction == "none" else wv_red
         tag = f"{kind} {mode} {reduction} log_target={log_target} {dtype}"
@@ -398,7 +350,7 @@ def test_float64_and_empty_go_to_composite(kind, mode):
     x, _ = make(np.zeros((0, 4)), F32)
     t, _ = make(np.zeros((0, 4)), F32)
     for reduction in REDUCTIONS:
-        out = _run(mode, _op(kind, reduction, False), x, t)
+        out = run_in_mode(mode, _op(kind, reduction, False), x, t)
         exp = ref.kl_div(np.zeros((0, 4)), np.zeros((0, 4)), reduction)
         assert tuple(out.shape) == np.shape(exp)
         np.testing.assert_equal(to_numpy(out), exp)
@@ -463,7 +415,7 @@ def test_second_order(kind, mode, log_target, reduction):
     key = ("second", kind, reduction, log_target)
     if key not in _CELLS:
         _CELLS[key] = _SecondOrder(_op(kind, reduction, log_target))
-    got = _run(mode, _CELLS[key], *[a for a, _ in tensors])
+    got = run_in_mode(mode, _CELLS[key], *[a for a, _ in tensors])
     vals = [v for _, v in tensors]
     expected = _fd_second(*vals, reduction, log_target)
     for name, g, e in zip(("x", "t", "w"), got[:3], expected):
@@ -489,7 +441,7 @@ def test_on_ascend_hardware(backend_name, mode):
             xt, xv = make(x, F32)
             tt, tv = make(t, F32)
             op = ms_kldiv.KLDivLoss(reduction, log_target, backend=backend_name)
-            out = _run(mode, op, xt, tt)
+            out = run_in_mode(mode, op, xt, tt)
             mag = np.abs(ref.pointwise_loss(xv, tv, log_target))
             assert_close(to_numpy(out), ref.kl_div(xv, tv, reduction, log_target), F32,
                          mag if reduction == "none" else mag.sum() * ref.reduction_scale(reduction, xv.shape, xv.shape))
@@ -497,7 +449,7 @@ def test_on_ascend_hardware(backend_name, mode):
 
 # ------------------------------------------------------------------------------------------ benchmark
 ROOT = os.path.join(os.path.dirname(__file__), "..")
-BENCH = os.path.join(ROOT, "examples", "bench_ascend.py")
+BENCH = os.path.join(ROOT, "benchmarks", "ascend", "bench_ascend.py")
 
 
 def _python(code_or_args, cwd):
@@ -527,225 +479,8 @@ def test_bench_rows_run_through_the_shared_harness(tmp_path):
             " log=None)\n"
             "bad = [x for x in r if not x['ms']]\n"
             "assert not bad, bad\n"
-            "print(harness.table(r, ref_key='composite'))\n") % os.path.abspath(os.path.join(ROOT, "examples"))
+            "print(harness.table(r, ref_key='composite'))\n") % os.path.abspath(os.path.dirname(BENCH))
     res = _python(["-c", code], str(tmp_path))
     assert res.returncode == 0, res.stdout + res.stderr
     assert "ms_kldiv composite" in res.stdout and "ops.kl_div" in res.stdout
     assert os.listdir(tmp_path) == []
-
-
-# ------------------------------------------------------------------ distillation: DistillCustom / DistillCustomGrad
-# ascend.distill_rows_op with its kernels replaced by pyfunc Custom ops that run the kernel sources on the AscendC
-# stand-in (custom_ops/ascend/tests/distill_sim.py): the Python wiring (stats as the forward's output, the loss
-# column, the bprop through the backward kernel, ignored rows, frozen teacher) in PyNative, GRAPH_MODE and ms.jit.
-import distill_sim  # noqa: E402
-
-
-class SimulatedDistillKernels:
-    """The AscendCDistillKernels contract, computed by op_kernel/distill_custom*.cpp on the CPU stand-in."""
-
-    def __init__(self, cores=3):
-        self.sims = {}
-        self.cores = cores
-        self.backward_calls = []
-
-    def _sim(self, np_dtype):
-        name = _NP_DTYPE[np.dtype(np_dtype)]
-        if name not in self.sims:
-            self.sims[name] = distill_sim.DistillKernelSimulator(name)
-        return self.sims[name]
-
-    def forward(self, temperature, beta):
-        def kernel(s, t):
-            return self._sim(s.dtype).forward(s, t, temperature, beta, cores=self.cores)
-
-        return _Bound(ops.Custom(kernel, out_shape=lambda s, t: list(s[:-1]) + [8],
-                                 out_dtype=lambda s, t: ms.float32, func_type="pyfunc"))
-
-    def backward(self, temperature, beta, teacher_grad):
-        def kernel(s, t, stats, g):
-            self.backward_calls.append(teacher_grad)
-            ds, dt = self._sim(s.dtype).backward(s, t, stats, g, temperature, beta, teacher_grad, cores=self.cores)
-            return np.asarray(ds, s.dtype), (np.asarray(dt, t.dtype) if teacher_grad else np.zeros(1, t.dtype))
-
-        out_shape = (lambda s, t, st, g: (s, t)) if teacher_grad else (lambda s, t, st, g: (s, [1]))
-        return _Bound(ops.Custom(kernel, out_shape=out_shape, out_dtype=lambda s, t, st, g: (s, t),
-                                 func_type="pyfunc"))
-
-
-class _MaskedBatchmean(nn.Cell):
-    """What the distillation front end does with the row losses: ignored rows out, 'batchmean' over the rest."""
-
-    def __init__(self, rows_op, ignore_index=-100):
-        super().__init__()
-        self.rows = rows_op
-        self.ignore_index = ignore_index
-
-    def construct(self, s, t, labels):
-        rows = self.rows(s, t)
-        keep = labels != self.ignore_index
-        count = ops.maximum(ops.cast(keep, ms.float32).sum(), 1.0)
-        return ops.where(keep, rows, 0.0).sum() / count
-
-
-class _DistillValueAndGrads(nn.Cell):
-    def __init__(self, loss):
-        super().__init__()
-        self.loss = loss
-        self.grad = ops.GradOperation(get_all=True)(loss)
-
-    def construct(self, s, t, labels):
-        ds, dt, _ = self.grad(s, t, labels)
-        return self.loss(s, t, labels), ds, dt
-
-
-_DISTILL_CELLS = {}
-
-
-def _distill_cell(temperature, beta, teacher_grad):
-    key = (temperature, beta, teacher_grad)
-    if key not in _DISTILL_CELLS:
-        kernels = SimulatedDistillKernels()
-        rows_op = ascend.distill_rows_op(temperature, beta, teacher_grad=teacher_grad, kernels=kernels)
-        _DISTILL_CELLS[key] = (_DistillValueAndGrads(_MaskedBatchmean(rows_op)), kernels)
-    return _DISTILL_CELLS[key]
-
-
-def test_distill_op_is_declared_and_harmless_off_ascend():
-    """Importable and constructible on CPU: no Ascend primitive is touched until a Cell is built."""
-    assert ascend.DISTILL_OP_NAME == "DistillCustom" and ascend.DISTILL_GRAD_OP_NAME == "DistillCustomGrad"
-    assert ascend.distill_ops_installed() is False or ascend.find_custom_opp()[0] is not None
-    # The real aot Cells can be built anywhere (they only launch on Ascend).
-    both = ascend.distill_rows_op(2.0, 0.5)
-    frozen = ascend.distill_rows_op(1.0, 0.0, teacher_grad=False)
-    assert isinstance(both.core.kernel, ascend._DistillKernelForward)
-    assert isinstance(both.core.grad.kernel, ascend._DistillKernelBackward) and both.core.grad.kernel.teacher_grad
-    assert not frozen.core.grad.kernel.teacher_grad
-
-
-def test_distill_ops_detected_in_an_installed_package(clean_env, tmp_path):
-    old = _fake_vendor(str(tmp_path), name="old")
-    clean_env.setenv("ASCEND_CUSTOM_OPP_PATH", old)
-    ascend._find_custom_opp.cache_clear()
-    assert ascend.find_custom_opp()[0] == old and not ascend.distill_ops_installed()
-    new = _fake_vendor(str(tmp_path), name="new", ops_in_json=("KlDivCustom", "KlDivCustomGrad", "DistillCustom",
-                                                               "DistillCustomGrad"))
-    clean_env.setenv("ASCEND_CUSTOM_OPP_PATH", new)
-    ascend._find_custom_opp.cache_clear()
-    assert ascend.distill_ops_installed()
-
-
-@pytest.mark.parametrize("mode", WIRING_MODES)
-@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
-def test_distill_rows_op_values_and_both_gradients(mode, beta):
-    rng = np.random.default_rng(5)
-    rows, vocab, temperature = 7, 301, 2.0
-    s_np = rng.standard_normal((rows, vocab)) * 2
-    t_np = rng.standard_normal((rows, vocab)) * 2
-    s_np[0, ::9] = t_np[0, ::9] = -np.inf             # shared padded vocabulary
-    labels_np = np.array([1, -100, 3, 4, -100, 6, 7], np.int32)
-    cell, kernels = _distill_cell(temperature, beta, True)
-    s, sv = make(s_np, F32)
-    t, tv = make(t_np, F32)
-    loss, ds, dt = _run(mode, cell, s, t, ms.Tensor(labels_np))
-    exp = ref.distillation_loss(sv, tv, temperature, "batchmean", beta, labels=labels_np)
-    np.testing.assert_allclose(to_numpy(loss), exp, rtol=1e-5, err_msg=f"{mode} beta={beta} value")
-    keep = (labels_np != -100).astype(np.float64)
-    eds, edt = distill_sim.reference_grads_f64(sv, tv, temperature, beta, keep / keep.sum())
-    np.testing.assert_allclose(to_numpy(ds), eds, rtol=1e-4, atol=1e-7, err_msg=f"{mode} beta={beta} d_student")
-    np.testing.assert_allclose(to_numpy(dt), edt, rtol=1e-4, atol=1e-7, err_msg=f"{mode} beta={beta} d_teacher")
-    assert (to_numpy(ds)[labels_np == -100] == 0).all() and (to_numpy(dt)[labels_np == -100] == 0).all()
-    assert kernels.backward_calls and all(kernels.backward_calls)
-
-
-@pytest.mark.parametrize("mode", WIRING_MODES)
-def test_distill_rows_op_frozen_teacher(mode):
-    """teacher_grad=False: the backward kernel runs without teacher work, the teacher's gradient is zeros and
-    d_student is unchanged."""
-    rng = np.random.default_rng(6)
-    s_np, t_np = rng.standard_normal((5, 64)), rng.standard_normal((5, 64))
-    labels = ms.Tensor(np.arange(5, dtype=np.int32))
-    cell, kernels = _distill_cell(1.0, 0.0, False)
-    both, _ = _distill_cell(1.0, 0.0, True)
-    s, _ = make(s_np, F32)
-    t, _ = make(t_np, F32)
-    loss, ds, dt = _run(mode, cell, s, t, labels)
-    loss2, ds2, _ = _run(mode, both, s, t, labels)
-    assert float(to_numpy(loss)) == float(to_numpy(loss2))
-    np.testing.assert_array_equal(to_numpy(ds), to_numpy(ds2))
-    assert (to_numpy(dt) == 0).all() and tuple(dt.shape) == (5, 64)
-    assert kernels.backward_calls and not any(kernels.backward_calls)
-
-
-@pytest.mark.parametrize("mode", WIRING_MODES)
-def test_distill_rows_op_float16(mode):
-    rng = np.random.default_rng(8)
-    s_np, t_np = rng.standard_normal((4, 100)), rng.standard_normal((4, 100))
-    cell, _ = _distill_cell(1.0, 0.5, True)
-    s, sv = make(s_np, F16)
-    t, tv = make(t_np, F16)
-    loss, ds, dt = _run(mode, cell, s, t, ms.Tensor(np.zeros(4, np.int32)))
-    assert ds.dtype == F16 and dt.dtype == F16
-    np.testing.assert_allclose(to_numpy(loss), ref.distillation_loss(sv, tv, 1.0, "batchmean", 0.5), rtol=1e-5)
-    eds, edt = distill_sim.reference_grads_f64(sv, tv, 1.0, 0.5, np.full(4, 0.25))
-    np.testing.assert_allclose(to_numpy(ds), eds, rtol=2e-3, atol=2e-6)
-    np.testing.assert_allclose(to_numpy(dt), edt, rtol=2e-3, atol=2e-6)
-
-
-class _DistillFirstOrder(nn.Cell):
-    def __init__(self, rows_op):
-        super().__init__()
-        self.grad = ops.GradOperation(get_all=True)(_DistillWeightedRows(rows_op))
-
-    def construct(self, s, t, g, v1, v2):
-        ds, dt, _ = self.grad(s, t, g)
-        return (ds * v1).sum() + (dt * v2).sum()
-
-
-class _DistillWeightedRows(nn.Cell):
-    def __init__(self, rows_op):
-        super().__init__()
-        self.rows = rows_op
-
-    def construct(self, s, t, g):
-        return (self.rows(s, t) * g).sum()
-
-
-@pytest.mark.parametrize("mode", WIRING_MODES)
-@pytest.mark.parametrize("beta, teacher_grad", [(0.0, True), (0.5, True), (1.0, True), (0.5, False)])
-def test_distill_rows_op_second_order(mode, beta, teacher_grad):
-    """Gradient of <v1, d_student> + <v2, d_teacher> w.r.t. both logits and the row weights, against central
-    differences of the float64 reference gradients (frozen teacher: d_teacher is zeros, so only the first term)."""
-    rng = np.random.default_rng(9)
-    s_np, t_np = rng.standard_normal((3, 6)), rng.standard_normal((3, 6))
-    s_np[0, 1] = t_np[0, 1] = -np.inf
-    g_np, v1, v2 = rng.uniform(0.5, 1.5, 3), rng.standard_normal((3, 6)), rng.standard_normal((3, 6))
-    temperature = 1.5
-    key = ("second", beta, teacher_grad)
-    if key not in _DISTILL_CELLS:
-        rows_op = ascend.distill_rows_op(temperature, beta, teacher_grad=teacher_grad,
-                                         kernels=SimulatedDistillKernels())
-        _DISTILL_CELLS[key] = ops.GradOperation(get_all=True)(_DistillFirstOrder(rows_op))
-    got = _run(mode, _DISTILL_CELLS[key], *[make(a, F32)[0] for a in (s_np, t_np, g_np, v1, v2)])
-
-    def f(s_, t_, g_):
-        ds, dt = distill_sim.reference_grads_f64(s_, t_, temperature, beta, g_)
-        first = (np.where(np.isfinite(s_), ds, 0.0) * v1).sum()
-        return float(first + (np.where(np.isfinite(t_), dt, 0.0) * v2).sum() if teacher_grad else first)
-
-    args = [s_np.copy(), t_np.copy(), g_np.copy()]
-    for which, name in enumerate(("student", "teacher", "row weights")):
-        fd = np.zeros_like(args[which])
-        for i in np.ndindex(fd.shape):
-            if not np.isfinite(args[which][i]):
-                continue
-            old = args[which][i]
-            args[which][i] = old + 1e-6
-            hi = f(*args)
-            args[which][i] = old - 1e-6
-            lo = f(*args)
-            args[which][i] = old
-            fd[i] = (hi - lo) / 2e-6
-        g_ = to_numpy(got[which])
-        g_ = np.where(np.isfinite(args[which]), g_, 0.0) if which < 2 else g_
-        np.testing.assert_allclose(g_, fd, rtol=2e-3, atol=2e-4, err_msg=f"{mode} beta={beta} d2/d{name}")

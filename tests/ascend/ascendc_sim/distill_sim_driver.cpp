@@ -11,11 +11,11 @@
 
 #define ASIM_TILING_TYPE DistillCustomTilingData
 #include "kernel_operator.h"
-#include "../../op_host/distill_custom_tiling.h"
+#include "../../../custom_ops/ascend/op_host/distill_custom_tiling.h"
 using optiling::DistillCustomTilingData;
 
-#include "../../op_kernel/distill_custom.cpp"
-#include "../../op_kernel/distill_custom_grad.cpp"
+#include "../../../custom_ops/ascend/op_kernel/distill_custom.cpp"
+#include "../../../custom_ops/ascend/op_kernel/distill_custom_grad.cpp"
 
 namespace {
 

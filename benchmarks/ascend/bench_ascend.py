@@ -9,8 +9,8 @@ Rows (all compiled with ``ms.jit``, fed device-resident tensors, timed to a devi
 Modes: 'fwd' (the value) and 'grad' (value and gradient w.r.t. input, the harness's definition; 'aot'
 computes the target's gradient in the same launch). Ratios are printed against 'aot'.
 
-    python examples/bench_ascend.py [--sizes 4K,64K,1M,4M,32M] [--reductions sum,mean,none]
-                                    [--dtypes float32,float16] [--modes fwd,grad] [--json out.json]
+    python benchmarks/ascend/bench_ascend.py [--sizes 4K,64K,1M,4M,32M] [--reductions sum,mean,none]
+                                             [--dtypes float32,float16] [--modes fwd,grad] [--json out.json]
 
 Timing, tables and JSON come from the shared harness (ms_kldiv.bench.harness).
 

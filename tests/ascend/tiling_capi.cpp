@@ -2,7 +2,7 @@
 //   g++ -O2 -std=c++17 -shared -fPIC -Wall -Wextra -Werror tiling_capi.cpp -o libkldiv_tiling.so
 // The NumPy tile model (kldiv_tile_model.py) reads every tiling number through these functions, so it cannot
 // drift from what the host tiling function and the kernels compute.
-#include "../op_kernel/kl_div_tiling_plan.h"
+#include "../../custom_ops/ascend/op_kernel/kl_div_tiling_plan.h"
 
 using namespace kldiv_tiling;
 

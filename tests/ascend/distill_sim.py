@@ -19,9 +19,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SIM_DIR = os.path.join(HERE, "ascendc_sim")
 _DEPS = [os.path.join(SIM_DIR, f) for f in ("distill_sim_driver.cpp", "kernel_operator.h",
                                             "register/tilingdata_base.h")] \
-    + [os.path.join(HERE, "..", "op_kernel", f) for f in ("distill_custom.cpp", "distill_custom_grad.cpp",
-                                                          "distill_common.h", "distill_tiling_plan.h")] \
-    + [os.path.join(HERE, "..", "op_host", "distill_custom_tiling.h")]
+    + [os.path.join(_km.ASCEND_SRC, "op_kernel", f) for f in ("distill_custom.cpp", "distill_custom_grad.cpp",
+                                                             "distill_common.h", "distill_tiling_plan.h")] \
+    + [os.path.join(_km.ASCEND_SRC, "op_host", "distill_custom_tiling.h")]
 _TYPES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16_t"}
 
 FORWARD, BACKWARD_STUDENT, BACKWARD_BOTH = range(3)
@@ -164,7 +164,7 @@ def weighted_f64(p, x):
 
 def reference_grads_f64(student, teacher, temperature, beta, g):
     """(d_student, d_teacher) of sum_rows g * loss_row in float64, closed form from the definition
-    (tests/test_tiling_ascend.py checks it against finite differences of the float64 loss)."""
+    (tests/test_ascend_tiling_distill.py checks it against finite differences of the float64 loss)."""
     ls, lt = log_softmax_f64(student, temperature), log_softmax_f64(teacher, temperature)
     ps, pt = np.exp(ls), np.exp(lt)
     c = np.asarray(g, np.float64)[..., None] * temperature
