@@ -27,3 +27,9 @@ def test_readme_commands_match_ci():
     ci = (README.parent / ".ci" / "run").read_text(encoding="utf-8")
     test_cmd = re.search(r"# 2\. set up \+ run the tests\n(.+)\n", readme).group(1).strip()
     assert test_cmd in ci
+
+
+def test_readme_stays_a_ten_minute_read():
+    """The README is what a newcomer reads first: at most 300 lines; design, tables and detail live in docs/."""
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines; move detail to docs/ (e.g. docs/distillation.md)"

@@ -154,7 +154,7 @@ class _KernelBackward(nn.Cell):
 
 class AscendCKernels:
     """Factory of the two kernel Cells. The CPU tests substitute an object with the same two methods whose
-    Cells run the NumPy model of the kernels (custom_ops/ascend/tests/kldiv_tile_model.py).
+    Cells run the NumPy model of the kernels (tests/ascend/kldiv_tile_model.py).
 
     Contract (same-shaped, same-dtype x and t; float16, bfloat16 or float32):
       forward(reduction, log_target)(x, t) -> loss for 'none', else the 0-d sum times scale;
@@ -356,7 +356,7 @@ class AscendCDistillKernels:
     dtypes = (ms.float16, ms.bfloat16, ms.float32)
 
     """Factory of the two distillation kernel Cells; the CPU tests substitute one whose Cells run the kernel
-    sources on the AscendC stand-in (custom_ops/ascend/tests/distill_sim.py).
+    sources on the AscendC stand-in (tests/ascend/distill_sim.py).
 
     Contract (student and teacher of one shape [..., V] and one dtype: float32, float16 or bfloat16; V >= 1):
       forward(temperature, beta)(s, t) -> float32 stats [..., 8]; stats[..., 0] is each row's loss

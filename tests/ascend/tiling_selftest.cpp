@@ -1,6 +1,6 @@
 // Exhaustive-ish CPU check of kl_div_tiling_plan.h without Python: every element of every size below is
 // owned by exactly one (core, tile), core starts are kCoreAlign-aligned, and the tile buffers fit the UB.
-// Exit code 0 = all good; otherwise the first failure is printed. Built and run by tests/test_tiling_plan.py.
+// Exit code 0 = all good; otherwise the first failure is printed. Built and run by tests/test_ascend_tiling_kldiv.py.
 #include <cstdio>
 #include <vector>
 
