@@ -229,3 +229,34 @@ def test_distill_rows_op_second_order(mode, beta, teacher_grad):
         g_ = to_numpy(got[which])
         g_ = np.where(np.isfinite(args[which]), g_, 0.0) if which < 2 else g_
         np.testing.assert_allclose(g_, fd, rtol=2e-3, atol=2e-4, err_msg=f"{mode} beta={beta} d2/d{name}")
+
+
+# ------------------------------------------------------------------------- the fused head on the AscendC kernels
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+def test_fused_head_takes_the_ascendc_kernels(clean_env, tmp_path, monkeypatch, mode):
+    """On Ascend with the distillation operators installed, the registry gives FusedLinearDistillationLoss the
+    AscendC kernels (not the closed forms): with the device target read as 'Ascend', an installed package faked, and
+    the kernels run on the AscendC stand-in, the head's value and all six gradients equal the float64 composition
+    and the stand-in's kernels are the ones that ran (the teacher's gradient included)."""
+    from ms_kldiv import FusedLinearDistillationLoss, backends
+    from _head_checks import Net, case, reference_grads, reference_loss, value_and_grads
+
+    vendor = fake_vendor(tmp_path, ops_in_json=("KlDivCustom", "KlDivCustomGrad", "DistillCustom", "DistillCustomGrad"))
+    clean_env.setenv("ASCEND_CUSTOM_OPP_PATH", vendor)
+    simulated = SimulatedDistillKernels()
+    monkeypatch.setattr(ascend.AscendAotBackend, "distill_kernels", lambda self, device: simulated)
+    monkeypatch.setattr(backends, "device_target", lambda: "Ascend")
+    backends._distill_kernels.cache_clear()
+    try:
+        rows = {r["name"]: r for r in backends.backend_info("Ascend", op="distillation")}
+        assert rows["aot"]["auto"], rows
+        loss_fn = FusedLinearDistillationLoss(1.5, beta=0.5, hard_weight=0.3, chunk_size=4)
+    finally:
+        backends._distill_kernels.cache_clear()
+    assert loss_fn.backend == "aot"
+    c = case(seed=4)
+    value, grads = value_and_grads(Net(loss_fn), c, mode)
+    np.testing.assert_allclose(value, reference_loss(c, 1.5, 0.5, 0.3, 1.0), rtol=1e-5)
+    for name, want in reference_grads(c, 1.5, 0.5, 0.3, 1.0).items():
+        np.testing.assert_allclose(grads[name], want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=name)
+    assert False in simulated.backward_calls and True in simulated.backward_calls, simulated.backward_calls
