@@ -1,8 +1,13 @@
-"""``python -m ms_kldiv.bench fused-linear``: time and peak memory of one forward+backward of a student head trained
-against a teacher, chunked (FusedLinearDistillationLoss) against the unchunked composition (logits of both heads,
-then distillation_loss; ``composition_unfused``: the same with the loss as two log_softmax and kl_div, what
-distillation_loss was before its fused kernel), and torch's unchunked composition when torch is importable. Each row runs in its own child process, so its peak memory (the kernel's high-water mark of the resident set,
-reset after the inputs exist) is the row's alone."""
+"""``python -m ms_kldiv.bench fused-linear``: compile time, step time and peak memory of one forward+backward of a
+student head trained against a frozen teacher, chunked (FusedLinearDistillationLoss: ``fused`` in GRAPH_MODE,
+``fused_pynative``) against what bounds it, run alone with the same chunks (``matmuls``: the chunk loop with its four
+matmuls, both models' logits, d(hidden), d(weight), and no loss; ``kernels``: the chunk loop with the distillation
+kernels alone on chunk-sized logits), the unchunked composition (logits of both heads, then distillation_loss;
+``composition_unfused``: with the loss as two log_softmax and kl_div) and torch's unchunked composition when torch is
+importable. Each row runs in its own child process, so its peak memory (the kernel's high-water mark of the resident
+set, reset after the inputs exist) is the row's alone. Where the unchunked composition would not fit in memory it
+is not run, and the memory it needs (its logits, their softmaxes and gradients: bytes per N x V element measured at
+the first size where it ran, else 5 x 4 bytes) is printed instead."""
 import argparse
 import json
 import os
@@ -10,8 +15,10 @@ import subprocess
 import sys
 import time
 
-SIZES = ((4096, 1024, 32000), (1024, 2048, 151936))
-ROWS = ("fused", "composition", "composition_unfused", "torch")
+SIZES = ((4096, 1024, 32000), (8192, 1024, 131072), (4096, 1024, 262144))
+ROWS = ("fused", "fused_pynative", "matmuls", "kernels", "composition", "composition_unfused", "torch")
+#: Rows that the head's time is compared against: together they are what the head cannot avoid doing.
+FLOOR = ("matmuls", "kernels")
 
 
 def _reset_peak():
@@ -38,16 +45,18 @@ def _inputs(n, h, v, seed=0):
             rng.standard_normal((n, h), dtype=np.float32), (rng.standard_normal((v, h), dtype=np.float32) * 0.02))
 
 
-def _ms_step(row, arrays, dtype_name, temperature, chunk_size, graph):
+def _ms_step(row, arrays, dtype_name, temperature, chunk_size):
     import mindspore as ms
     from mindspore import nn, ops
     import ms_kldiv
     from ms_kldiv.distillation import _compose
     dtype = getattr(ms, dtype_name)
     tensors = [ms.Tensor(a).astype(dtype) for a in arrays]
+    if row in ("matmuls", "kernels"):
+        return _floor_step(row, tensors, temperature, chunk_size)
 
-    if row == "fused":
-        loss_fn = ms_kldiv.FusedLinearDistillationLoss(temperature, chunk_size=chunk_size, teacher_grad=False)
+    if row.startswith("fused"):
+        loss_fn = ms_kldiv.FusedLinearDistillationLoss(temperature, chunk_size=chunk_size)
 
         class Net(nn.Cell):
             def __init__(self):
@@ -55,7 +64,7 @@ def _ms_step(row, arrays, dtype_name, temperature, chunk_size, graph):
                 self.loss_fn = loss_fn
 
             def construct(self, hs, ws, ht, wt):
-                return self.loss_fn(hs, ws, ht, wt)
+                return self.loss_fn(hs, ws, ops.stop_gradient(ht), ops.stop_gradient(wt))
     else:
         class Net(nn.Cell):
             def construct(self, hs, ws, ht, wt):
@@ -65,7 +74,7 @@ def _ms_step(row, arrays, dtype_name, temperature, chunk_size, graph):
                     return _compose(s, t, temperature, "batchmean", 0.0, None, -100, "aot", s.dtype)
                 return ms_kldiv.distillation_loss(s, t, temperature)
     grad_fn = ms.value_and_grad(Net(), grad_position=(0, 1))
-    if graph:
+    if row != "fused_pynative":
         grad_fn = ms.jit(grad_fn)
 
     def step():
@@ -73,6 +82,62 @@ def _ms_step(row, arrays, dtype_name, temperature, chunk_size, graph):
         value.asnumpy()
         for g in grads:
             g.asnumpy()
+    return step
+
+
+def _floor_step(row, tensors, temperature, chunk_size):
+    """The head's unavoidable work run alone in the head's own chunk loop (compiled, one ops.ForiLoop): its four
+    matmuls per chunk with the logits standing in for d(logits), or its distillation kernels (forward and the
+    student's backward) on one chunk's logits per iteration."""
+    import numpy as np
+    import mindspore as ms
+    from mindspore import nn, ops
+    from ms_kldiv.backends import get_distill_kernels
+    from ms_kldiv.fused_linear import CHUNK_BYTES, _matmul_t, _t_matmul, default_chunk_size
+    hs, ws, ht, wt = (ops.cast(t, ms.float32) for t in tensors)
+    n, v = hs.shape[0], ws.shape[0]
+    chunk = chunk_size or default_chunk_size(n, v, CHUNK_BYTES)
+    chunks = (n + chunk - 1) // chunk
+    offsets = ms.Tensor(np.arange(chunk, dtype=np.int32))
+    kernels = get_distill_kernels("auto")[1]
+
+    class Matmuls(nn.Cell):
+        def construct(self, i, carry):
+            hs, ws, ht, wt, offsets, dh, dw = carry
+            idx = ops.minimum(offsets + i * offsets.shape[0], hs.shape[0] - 1)
+            h_c = ops.gather(hs, idx, 0)
+            s_c = _matmul_t(h_c, ws)
+            t_c = _matmul_t(ops.gather(ht, idx, 0), wt)
+            d = s_c - t_c
+            return (hs, ws, ht, wt, offsets, ops.tensor_scatter_add(dh, ops.expand_dims(idx, 1), ops.matmul(d, ws)),
+                    dw + _t_matmul(d, h_c))
+
+    class Kernels(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.fwd = kernels.forward(temperature, 0.0)
+            self.bwd = kernels.backward(temperature, 0.0, False)
+
+        def construct(self, i, carry):
+            s_c, t_c, g, acc = carry
+            stats = self.fwd(s_c, t_c)
+            ds = self.bwd(s_c, t_c, stats, g)[0]
+            return s_c, t_c, g, acc + stats[0, 0] + ds[0, 0]
+
+    if row == "matmuls":
+        body, carry = Matmuls(), (hs, ws, ht, wt, offsets, ops.zeros_like(hs), ops.zeros_like(ws))
+    else:
+        rng = np.random.default_rng(1)
+        s_c, t_c = (ms.Tensor(rng.standard_normal((chunk, v), dtype=np.float32)) for _ in range(2))
+        body, carry = Kernels(), (s_c, t_c, ops.ones((chunk,), ms.float32), ops.zeros((), ms.float32))
+
+    @ms.jit
+    def run(*carry):
+        return ops.ForiLoop()(0, chunks, body, carry, unroll=False)
+
+    def step():
+        for out in run(*carry)[-2:]:
+            out.asnumpy()
     return step
 
 
@@ -96,25 +161,29 @@ def _torch_step(arrays, dtype_name, temperature):
     return step
 
 
-def run_child(row, n, h, v, dtype_name, repeats, chunk_size, temperature=2.0, graph=True):
-    """One row in this process: (best seconds per forward+backward, peak bytes above the inputs)."""
+def run_child(row, n, h, v, dtype_name, repeats, chunk_size, temperature=2.0):
+    """One row in this process: best seconds per forward+backward, the first call's extra seconds (graph compile),
+    peak bytes above the inputs."""
     arrays = _inputs(n, h, v)
     step = _torch_step(arrays, dtype_name, temperature) if row == "torch" else \
-        _ms_step(row, arrays, dtype_name, temperature, chunk_size, graph)
+        _ms_step(row, arrays, dtype_name, temperature, chunk_size)
     import gc
     gc.collect()
     # The peak is taken from here, before the first step: MindSpore's memory pool keeps what a step allocated, so
     # after a warm-up the resident set no longer moves. (It includes the graph compile, the same for every row.)
     base = _vm("VmRSS")
     peak_ok = _reset_peak()
+    start = time.perf_counter()
     step()  # compile / warm up
+    first = time.perf_counter() - start
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
     peak = _vm("VmHWM") - base if peak_ok else None
-    return {"row": row, "n": n, "h": h, "v": v, "dtype": dtype_name, "seconds": min(times), "peak_bytes": peak}
+    return {"row": row, "n": n, "h": h, "v": v, "dtype": dtype_name, "seconds": min(times),
+            "compile_seconds": max(0.0, first - min(times)), "peak_bytes": peak}
 
 
 def _child(args):
@@ -128,7 +197,22 @@ def _child(args):
 
 
 def _fmt_bytes(b):
-    return "-" if b is None else f"{b / 2**20:.0f} MB"
+    return "-" if b is None else f"{b / 2**30:.2f} GB"
+
+
+def _available_bytes():
+    return _vm_meminfo("MemAvailable")
+
+
+def _vm_meminfo(key):
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def main(argv=None):
@@ -154,23 +238,37 @@ def main(argv=None):
         except ImportError:
             rows.remove("torch")
     records = []
-    print("| N x H x V | dtype | row | fwd+bwd s | peak above inputs | time vs composition | memory vs composition |")
+    per_element = None  # the unchunked composition's peak bytes per N x V element, once measured
+    print("| N x H x V | dtype | row | compile s | fwd+bwd s | peak above inputs | time vs matmuls + kernels |")
     print("|---|---|---|---:|---:|---:|---:|")
     for size in args.sizes.split(","):
         n, h, v = (int(p) for p in size.split("x"))
         for dtype_name in args.dtypes.split(","):
-            recs = {r: _child((r, n, h, v, dtype_name, args.repeats, args.chunk_size)) for r in rows}
-            base = recs.get("composition", {})
+            recs = {}
+            for r in rows:
+                if r.startswith("composition") or r == "torch":
+                    need = n * v * (per_element or 5 * 4)
+                    avail = _available_bytes()
+                    if avail is not None and need > 0.8 * avail:
+                        recs[r] = {"row": r, "n": n, "h": h, "v": v, "dtype": dtype_name, "skipped": True,
+                                   "needs_bytes": need}
+                        continue
+                recs[r] = _child((r, n, h, v, dtype_name, args.repeats, args.chunk_size))
+                if r == "composition" and recs[r].get("peak_bytes") and per_element is None:
+                    per_element = recs[r]["peak_bytes"] / (n * v)
+            floor = sum(recs[r]["seconds"] for r in FLOOR if recs.get(r, {}).get("seconds")) \
+                if all(recs.get(r, {}).get("seconds") for r in FLOOR) else None
             for r, rec in recs.items():
                 records.append(rec)
+                if rec.get("skipped"):
+                    print(f"| {size} | {dtype_name} | {r} | | not run: needs about {_fmt_bytes(rec['needs_bytes'])} | | |")
+                    continue
                 if "error" in rec:
                     print(f"| {size} | {dtype_name} | {r} | failed: {rec['error']} | | | |")
                     continue
-                t_ratio = (f"{rec['seconds'] / base['seconds']:.2f}x" if base.get("seconds") else "-")
-                m_ratio = (f"{rec['peak_bytes'] / base['peak_bytes']:.2f}x"
-                           if base.get("peak_bytes") and rec["peak_bytes"] is not None else "-")
-                print(f"| {size} | {dtype_name} | {r} | {rec['seconds']:.3f} | {_fmt_bytes(rec['peak_bytes'])} | "
-                      f"{t_ratio} | {m_ratio} |", flush=True)
+                ratio = f"{rec['seconds'] / floor:.2f}x" if floor else "-"
+                print(f"| {size} | {dtype_name} | {r} | {rec['compile_seconds']:.1f} | {rec['seconds']:.3f} | "
+                      f"{_fmt_bytes(rec['peak_bytes'])} | {ratio} |", flush=True)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(records, f, indent=1)
