@@ -12,12 +12,9 @@ Dense H -> V student head distilled from fixed teacher logits; fused and composi
 """
 import argparse
 import json
-import os
-import subprocess
 import sys
-import time
 
-from .fused_linear import _fmt_bytes, _reset_peak, _vm
+from ._process import fmt_bytes, in_child, measure
 
 SIZES = ("4096x32000", "1024x151936", "256x262144")
 ROWS = ("fused", "composition", "ms_ops", "torch", "stream")
@@ -118,30 +115,9 @@ def run_child(row, n, v, dtype_name, beta, mode, repeats, temperature=2.0):
         fn = _ms_step_fn(row, temperature, beta, n, v) if mode == "step" else _ms_fn(row, temperature, beta, mode)
         sync = lambda out: out.asnumpy()  # noqa: E731
     del arrays
-    import gc
-    gc.collect()
-    base = _vm("VmRSS")
-    peak_ok = _reset_peak()
-    sync(fn(s, t))  # compile / warm up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        sync(fn(s, t))
-        times.append(time.perf_counter() - start)
-    peak = _vm("VmHWM") - base if peak_ok else None
-    return {"row": row, "n": n, "v": v, "dtype": dtype_name, "beta": beta, "mode": mode, "seconds": min(times),
+    seconds, _, peak = measure(lambda: sync(fn(s, t)), repeats)
+    return {"row": row, "n": n, "v": v, "dtype": dtype_name, "beta": beta, "mode": mode, "seconds": seconds,
             "peak_bytes": peak, "logits_bytes": n * v * (4 if dtype_name == "float32" else 2)}
-
-
-def _child(row, n, v, dtype_name, beta, mode, repeats):
-    cmd = [sys.executable, "-m", "ms_kldiv.bench.distill", "--child", row, str(n), str(v), dtype_name, str(beta), mode,
-           str(repeats)]
-    env = dict(os.environ, GLOG_v=os.environ.get("GLOG_v", "3"))
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
-    for line in proc.stdout.splitlines()[::-1]:
-        if line.startswith("{"):
-            return json.loads(line)
-    return {"row": row, "error": (proc.stderr or proc.stdout)[-400:].strip().splitlines()[-1:]}
 
 
 def main(argv=None):
@@ -175,7 +151,7 @@ def main(argv=None):
                 for mode in args.modes.split(","):
                     cell_rows = [r for r in rows if (mode != "step" or r in ("fused", "composition"))
                                  and not (r == "ms_ops" and beta != 0) and not (r == "stream" and beta != 0)]
-                    recs = {r: _child(r, n, v, dtype_name, beta, mode, args.repeats) for r in cell_rows}
+                    recs = {r: in_child(__name__, (r, n, v, dtype_name, beta, mode, args.repeats), r) for r in cell_rows}
                     fused = recs.get("fused", {})
                     for r, rec in recs.items():
                         records.append(rec)
@@ -186,7 +162,7 @@ def main(argv=None):
                         mult = (f"{rec['peak_bytes'] / rec['logits_bytes']:.2f}" if rec["peak_bytes"] is not None
                                 else "-")
                         print(f"| {size} | {dtype_name} | {beta:g} | {mode} | {r} | {rec['seconds']:.4f} | "
-                              f"{_fmt_bytes(rec['peak_bytes'])} | {mult} | {ratio} |", flush=True)
+                              f"{fmt_bytes(rec['peak_bytes'], 2**20, 'MB')} | {mult} | {ratio} |", flush=True)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(records, f, indent=1)

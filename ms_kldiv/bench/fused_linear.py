@@ -10,32 +10,14 @@ is not run, and the memory it needs (its logits, their softmaxes and gradients: 
 the first size where it ran, else 5 x 4 bytes) is printed instead."""
 import argparse
 import json
-import os
-import subprocess
 import sys
-import time
+
+from ._process import available_bytes, fmt_bytes, in_child, measure
 
 SIZES = ((4096, 1024, 32000), (8192, 1024, 131072), (4096, 1024, 262144))
 ROWS = ("fused", "fused_pynative", "matmuls", "kernels", "composition", "composition_unfused", "torch")
 #: Rows that the head's time is compared against: together they are what the head cannot avoid doing.
 FLOOR = ("matmuls", "kernels")
-
-
-def _reset_peak():
-    try:  # Linux: "5" resets VmHWM (the peak resident set) to the current resident set
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _vm(key):
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def _inputs(n, h, v, seed=0):
@@ -167,52 +149,9 @@ def run_child(row, n, h, v, dtype_name, repeats, chunk_size, temperature=2.0):
     arrays = _inputs(n, h, v)
     step = _torch_step(arrays, dtype_name, temperature) if row == "torch" else \
         _ms_step(row, arrays, dtype_name, temperature, chunk_size)
-    import gc
-    gc.collect()
-    # The peak is taken from here, before the first step: MindSpore's memory pool keeps what a step allocated, so
-    # after a warm-up the resident set no longer moves. (It includes the graph compile, the same for every row.)
-    base = _vm("VmRSS")
-    peak_ok = _reset_peak()
-    start = time.perf_counter()
-    step()  # compile / warm up
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    peak = _vm("VmHWM") - base if peak_ok else None
-    return {"row": row, "n": n, "h": h, "v": v, "dtype": dtype_name, "seconds": min(times),
-            "compile_seconds": max(0.0, first - min(times)), "peak_bytes": peak}
-
-
-def _child(args):
-    cmd = [sys.executable, "-m", "ms_kldiv.bench.fused_linear", "--child", args[0]] + [str(a) for a in args[1:]]
-    env = dict(os.environ, GLOG_v=os.environ.get("GLOG_v", "3"))
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
-    for line in proc.stdout.splitlines()[::-1]:
-        if line.startswith("{"):
-            return json.loads(line)
-    return {"row": args[0], "error": (proc.stderr or proc.stdout)[-400:].strip().splitlines()[-1:]}
-
-
-def _fmt_bytes(b):
-    return "-" if b is None else f"{b / 2**30:.2f} GB"
-
-
-def _available_bytes():
-    return _vm_meminfo("MemAvailable")
-
-
-def _vm_meminfo(key):
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    seconds, compile_seconds, peak = measure(step, repeats)
+    return {"row": row, "n": n, "h": h, "v": v, "dtype": dtype_name, "seconds": seconds,
+            "compile_seconds": compile_seconds, "peak_bytes": peak}
 
 
 def main(argv=None):
@@ -248,12 +187,12 @@ def main(argv=None):
             for r in rows:
                 if r.startswith("composition") or r == "torch":
                     need = n * v * (per_element or 5 * 4)
-                    avail = _available_bytes()
+                    avail = available_bytes()
                     if avail is not None and need > 0.8 * avail:
                         recs[r] = {"row": r, "n": n, "h": h, "v": v, "dtype": dtype_name, "skipped": True,
                                    "needs_bytes": need}
                         continue
-                recs[r] = _child((r, n, h, v, dtype_name, args.repeats, args.chunk_size))
+                recs[r] = in_child(__name__, (r, n, h, v, dtype_name, args.repeats, args.chunk_size), r)
                 if r == "composition" and recs[r].get("peak_bytes") and per_element is None:
                     per_element = recs[r]["peak_bytes"] / (n * v)
             floor = sum(recs[r]["seconds"] for r in FLOOR if recs.get(r, {}).get("seconds")) \
@@ -261,14 +200,14 @@ def main(argv=None):
             for r, rec in recs.items():
                 records.append(rec)
                 if rec.get("skipped"):
-                    print(f"| {size} | {dtype_name} | {r} | | not run: needs about {_fmt_bytes(rec['needs_bytes'])} | | |")
+                    print(f"| {size} | {dtype_name} | {r} | | not run: needs about {fmt_bytes(rec['needs_bytes'])} | | |")
                     continue
                 if "error" in rec:
                     print(f"| {size} | {dtype_name} | {r} | failed: {rec['error']} | | | |")
                     continue
                 ratio = f"{rec['seconds'] / floor:.2f}x" if floor else "-"
                 print(f"| {size} | {dtype_name} | {r} | {rec['compile_seconds']:.1f} | {rec['seconds']:.3f} | "
-                      f"{_fmt_bytes(rec['peak_bytes'])} | {ratio} |", flush=True)
+                      f"{fmt_bytes(rec['peak_bytes'])} | {ratio} |", flush=True)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(records, f, indent=1)
