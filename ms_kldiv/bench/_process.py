@@ -66,3 +66,10 @@ def in_child(module, args, row):
 
 def fmt_bytes(b, unit=2**30, suffix="GB"):
     return "-" if b is None else f"{b / unit:.2f} {suffix}"
+
+
+def save_records(path, records):
+    """The records as JSON at ``path`` (nothing when ``path`` is None)."""
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(records, f, indent=1)

@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from ._process import fmt_bytes, in_child, measure
+from ._process import fmt_bytes, in_child, measure, save_records
 
 SIZES = ("4096x32000", "1024x151936", "256x262144")
 ROWS = ("fused", "composition", "ms_ops", "torch", "stream")
@@ -163,9 +163,7 @@ def main(argv=None):
                                 else "-")
                         print(f"| {size} | {dtype_name} | {beta:g} | {mode} | {r} | {rec['seconds']:.4f} | "
                               f"{fmt_bytes(rec['peak_bytes'], 2**20, 'MB')} | {mult} | {ratio} |", flush=True)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(records, f, indent=1)
+    save_records(args.json, records)
     return 0
 
 

@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from ._process import available_bytes, fmt_bytes, in_child, measure
+from ._process import available_bytes, fmt_bytes, in_child, measure, save_records
 
 SIZES = ((4096, 1024, 32000), (8192, 1024, 131072), (4096, 1024, 262144))
 ROWS = ("fused", "fused_pynative", "matmuls", "kernels", "composition", "composition_unfused", "torch")
@@ -208,9 +208,7 @@ def main(argv=None):
                 ratio = f"{rec['seconds'] / floor:.2f}x" if floor else "-"
                 print(f"| {size} | {dtype_name} | {r} | {rec['compile_seconds']:.1f} | {rec['seconds']:.3f} | "
                       f"{fmt_bytes(rec['peak_bytes'])} | {ratio} |", flush=True)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(records, f, indent=1)
+    save_records(args.json, records)
     return 0
 
 

@@ -30,9 +30,8 @@ class KLDivLoss(nn.Cell):
         Tensor of the promoted dtype: the broadcast shape for ``'none'``, else a 0-d Tensor.
 
     Raises:
-        TypeError: If `reduction` is not a str, `log_target` is not a bool, or an input is not a float Tensor.
-        ValueError: If `reduction` or `backend` is unknown, or the shapes do not broadcast.
-        RuntimeError: If the requested `backend` cannot run on the current device target.
+        TypeError, ValueError, RuntimeError: As :func:`ms_kldiv.kl_div`; argument errors are raised by the
+            constructor, input errors at the call (or at graph compile time).
 
     Supported Platforms:
         ``Ascend`` ``GPU`` ``CPU``
