@@ -1,14 +1,8 @@
 """The fused distillation op on top of a pair of kernels, for any device: the autodiff around them is written once.
 
 A *kernels* object (``AotDistillKernels`` below for the CPU and CUDA libraries, ``ascend.AscendCDistillKernels`` on
-Ascend) provides two Cell factories with this contract, for student and teacher logits of one shape [..., V] and one
-dtype (float32, float16 or bfloat16; V >= 1):
-
-- ``forward(temperature, beta)(s, t)`` -> float32 statistics [..., 8]; column 0 is each row's loss (T^2 times the
-  divergence of ``beta``), the rest is what the backward reads (custom_ops/common/distill_math.h);
-- ``backward(temperature, beta, teacher_grad)(s, t, stats, dloss)`` -> (d_student, d_teacher) for the float32
-  incoming gradient ``dloss`` [...] of the row losses; rows with ``dloss == 0`` get exact zeros; d_teacher is a
-  one-element placeholder when ``teacher_grad`` is False.
+Ascend, ``composite.CompositeDistillKernels`` everywhere) meets the distillation kernel contract of
+``ms_kldiv.backends.base``; the registry hands it out (``get_distill_kernels``).
 
 ``rows_op`` makes the differentiable per-row loss from them; ``ms_kldiv.distillation`` applies ignored rows and
 the reduction (O(rows) work). Second order goes through plain MindSpore ops: the closed-form gradients of
@@ -59,55 +53,41 @@ class _DistillGradPairing(nn.Cell):
         return total
 
 
+def _identity(v):
+    return v
+
+
+def _first(v):
+    return v[0]
+
+
+def _twice(v):
+    return v, v
+
+
 class _DistillGradCore(nn.Cell):
-    """The backward kernel (both gradients), differentiable once more through _DistillGradPairing (second order).
-    The stats input gets a zero gradient: its dependence on the logits is inside the pairing's derivative."""
+    """A backward kernel, differentiable once more through _DistillGradPairing (second order): both gradients
+    (``student`` and ``teacher``), d_student alone (the kernel's placeholder output is dropped inside this Cell, so
+    autodiff never builds a cotangent for it) or d_teacher alone (``backward_teacher``: compiled code with one op
+    per gradient, so that an unused one is dropped). The stats input gets a zero gradient: its dependence on the
+    logits is inside the pairing's derivative."""
 
-    def __init__(self, kernels, temperature, beta):
+    def __init__(self, kernels, temperature, beta, student=True, teacher=True):
         super().__init__()
-        self.kernel = kernels.backward(temperature, beta, True)
-        self.pairing_grad = ops.GradOperation(get_all=True)(_DistillGradPairing(temperature, beta))
+        # Picked here, not by a Python branch in construct/bprop: that breaks grad-of-jit in a Cell with a bprop.
+        if student:
+            self.kernel, self.output = kernels.backward(temperature, beta, teacher), _identity if teacher else _first
+        else:
+            self.kernel, self.output = kernels.backward_teacher(temperature, beta), _identity
+        self.cotangents = _identity if student and teacher else _twice
+        self.pairing_grad = ops.GradOperation(get_all=True)(_DistillGradPairing(temperature, beta, student, teacher))
 
     def construct(self, student, teacher, stats, dloss):
-        return self.kernel(student, teacher, stats, dloss)
+        return self.output(self.kernel(student, teacher, stats, dloss))
 
     def bprop(self, student, teacher, stats, dloss, out, dout):
-        cs, ct = dout
+        cs, ct = self.cotangents(dout)
         gs, gt, gg, _, _ = self.pairing_grad(student, teacher, dloss, cs, ct)
-        return gs, gt, ops.zeros(stats.shape, stats.dtype), gg
-
-
-class _DistillStudentGradCore(nn.Cell):
-    """The backward kernel without teacher work: d_student only (the kernel's placeholder output is dropped here,
-    inside a Cell with its own bprop, so autodiff never builds a cotangent for it)."""
-
-    def __init__(self, kernels, temperature, beta):
-        super().__init__()
-        self.kernel = kernels.backward(temperature, beta, False)
-        self.pairing_grad = ops.GradOperation(get_all=True)(_DistillGradPairing(temperature, beta, teacher=False))
-
-    def construct(self, student, teacher, stats, dloss):
-        return self.kernel(student, teacher, stats, dloss)[0]
-
-    def bprop(self, student, teacher, stats, dloss, out, dout):
-        gs, gt, gg, _, _ = self.pairing_grad(student, teacher, dloss, dout, dout)
-        return gs, gt, ops.zeros(stats.shape, stats.dtype), gg
-
-
-class _DistillTeacherGradCore(nn.Cell):
-    """The backward kernel for d_teacher alone (compiled code with the student's op separate: an unused one is
-    dropped)."""
-
-    def __init__(self, kernels, temperature, beta):
-        super().__init__()
-        self.kernel = kernels.backward_teacher(temperature, beta)
-        self.pairing_grad = ops.GradOperation(get_all=True)(_DistillGradPairing(temperature, beta, student=False))
-
-    def construct(self, student, teacher, stats, dloss):
-        return self.kernel(student, teacher, stats, dloss)
-
-    def bprop(self, student, teacher, stats, dloss, out, dout):
-        gs, gt, gg, _, _ = self.pairing_grad(student, teacher, dloss, dout, dout)
         return gs, gt, ops.zeros(stats.shape, stats.dtype), gg
 
 
@@ -121,7 +101,7 @@ class _DistillStatsCore(nn.Cell):
         if teacher_grad:
             self.grad, self.split = _DistillGradCore(kernels, temperature, beta), _both_grads
         else:
-            self.grad, self.split = _DistillStudentGradCore(kernels, temperature, beta), _student_grad_only
+            self.grad, self.split = _DistillGradCore(kernels, temperature, beta, teacher=False), _student_grad_only
 
     def construct(self, student, teacher):
         return self.kernel(student, teacher)
@@ -138,8 +118,8 @@ class _DistillStatsCoreSplit(nn.Cell):
     def __init__(self, kernels, temperature, beta):
         super().__init__()
         self.kernel = kernels.forward(temperature, beta)
-        self.grad_student = _DistillStudentGradCore(kernels, temperature, beta)
-        self.grad_teacher = _DistillTeacherGradCore(kernels, temperature, beta)
+        self.grad_student = _DistillGradCore(kernels, temperature, beta, teacher=False)
+        self.grad_teacher = _DistillGradCore(kernels, temperature, beta, student=False)
 
     def construct(self, student, teacher):
         return self.kernel(student, teacher)
