@@ -135,36 +135,19 @@ def _loop(step, count, carry, graph):
     return carry
 
 
-class _FusedCore(nn.Cell):
-    """(hidden states and heads of both models, labels, counted rows) -> the loss, differentiable for the six
-    tensors.
+class _ChunkLoop(nn.Cell):
+    """One pass of the chunk loop (``_ChunkStep`` as its body) over the inputs of ``_FusedCore``: (loss, d hs, d ws,
+    d bs, d ht, d wt, d bt), a 0-d zero for what this pass does not compute (no [V, H] buffer is held for it)."""
 
-    Inputs are 2-D hidden states [N, H], weights [V, H], biases [V] (zeros when absent), labels [N] int32 and the
-    number of counted rows. The rows go through the chunk loop (``_ChunkStep``) on inputs cut from autodiff
-    (the loop computes the gradients itself: MindSpore then neither records the chunks' tensors in PyNative nor
-    differentiates the loop in graph mode, which it cannot do for a loop inside a Cell with a bprop);
-    ``_WithGradients`` hands the loop's gradients to autodiff.
-    """
-
-    def __init__(self, kernels, temperature, beta, ignore_index, hard_weight, soft_weight, chunk_size, chunk_bytes,
-                 teacher_grad, teacher_logits=False):
+    def __init__(self, step, student, teacher, chunk_size, chunk_bytes):
         super().__init__()
-        self.with_gradients = _WithGradients(teacher_grad and not teacher_logits)
+        self.step = step
+        self.student = student
+        self.teacher = teacher
         self.chunk_size = chunk_size
         self.chunk_bytes = chunk_bytes
-        self.teacher_grad = teacher_grad and not teacher_logits
-        args = (kernels, temperature, beta, ignore_index, hard_weight, soft_weight)
-        self.student_pass = _ChunkStep(*args, True, False, teacher_logits)
-        if self.teacher_grad:
-            self.teacher_pass = _ChunkStep(*args, False, True, teacher_logits)
-            self.both_passes = _ChunkStep(*args, True, True, teacher_logits)
 
     def construct(self, hs, ws, bs, ht, wt, bt, labels, count):
-        loss_and_grads = ops.stop_gradient(self._loops(*[ops.stop_gradient(v) for v in (hs, ws, bs, ht, wt, bt)],
-                                                       labels, ops.stop_gradient(count)))
-        return self.with_gradients(hs, ws, bs, ht, wt, bt, *loss_and_grads)
-
-    def _loops(self, hs, ws, bs, ht, wt, bt, labels, count):
         f32 = ms.float32
         # A Parameter (a model's head weight) in a loop's carry fails to compile under TrainOneStepCell; a reshape
         # to its own shape makes it a plain value without a copy.
@@ -174,22 +157,76 @@ class _FusedCore(nn.Cell):
         if chunks < 0:  # rows known at run time only
             chunk = offsets.shape[0]
             chunks = (ops.cast(ops.dyn_shape(hs)[0], ms.int32) + (chunk - 1)) // chunk
-        inputs = (hs, ws, bs, ht, wt, bt, labels, 1.0 / ops.maximum(count, 1.0), offsets)
         zero = ops.zeros((), f32)
-        student = (zero, ops.zeros_like(hs), ops.zeros_like(ws), ops.zeros_like(bs))
-        teacher = (ops.zeros_like(ht), ops.zeros_like(wt), ops.zeros_like(bt))
-        no_teacher = (zero, zero, zero)  # without teacher gradients no [V, H] buffer is held for them
-        graph = compiled(hs)
+        student = (ops.zeros_like(hs), ops.zeros_like(ws), ops.zeros_like(bs)) if self.student else (zero,) * 3
+        teacher = (ops.zeros_like(ht), ops.zeros_like(wt), ops.zeros_like(bt)) if self.teacher else (zero,) * 3
+        carry = (hs, ws, bs, ht, wt, bt, labels, 1.0 / ops.maximum(count, 1.0), offsets, zero) + student + teacher
+        return _loop(self.step, chunks, carry, compiled(hs))[9:]
+
+
+def _cut(*tensors):
+    return tuple(ops.stop_gradient(v) for v in tensors)
+
+
+class _FusedCore(nn.Cell):
+    """(hidden states and heads of both models, labels, counted rows) -> the loss, differentiable for the six
+    tensors.
+
+    Inputs are 2-D hidden states [N, H], weights [V, H], biases [V] (zeros when absent), labels [N] int32 and the
+    number of counted rows. The chunk loop runs on inputs cut from autodiff (it computes the gradients itself:
+    MindSpore then neither records the chunks' tensors in PyNative nor differentiates the loop in graph mode, which
+    it cannot do for a loop inside a Cell with a bprop) and a Cell with a bprop hands its gradients to autodiff. The
+    teacher's gradients: in PyNative from the same pass; in compiled code from a second loop inside that bprop,
+    which the graph compiler drops when nothing uses them (a frozen teacher).
+    """
+
+    def __init__(self, kernels, temperature, beta, ignore_index, hard_weight, soft_weight, chunk_size, chunk_bytes,
+                 teacher_grad, teacher_logits=False):
+        super().__init__()
+        self.teacher_grad = teacher_grad and not teacher_logits
+        args = (kernels, temperature, beta, ignore_index, hard_weight, soft_weight)
+
+        def chunk_loop(student, teacher):
+            return _ChunkLoop(_ChunkStep(*args, student, teacher, teacher_logits), student, teacher, chunk_size,
+                              chunk_bytes)
+
+        self.student_loop = chunk_loop(True, False)
+        self.with_gradients = _WithGradients(self.teacher_grad)
+        if self.teacher_grad:
+            self.both_loop = chunk_loop(True, True)
+            self.with_student_gradients = _WithGradients(False)
+            self.teacher_gradients = _TeacherGradients(chunk_loop(False, True))
+
+    def construct(self, hs, ws, bs, ht, wt, bt, labels, count):
+        inputs = _cut(hs, ws, bs, ht, wt, bt) + (labels, ops.stop_gradient(count))
         if not self.teacher_grad:
-            out = _loop(self.student_pass, chunks, inputs + student + no_teacher, graph)
-            return out[9:]
-        if not graph:
-            out = _loop(self.both_passes, chunks, inputs + student + teacher, graph)
-            return out[9:]
-        # two loops: the teacher's is dropped by the graph compiler when its gradients are not used
-        out_s = _loop(self.student_pass, chunks, inputs + student + no_teacher, graph)
-        out_t = _loop(self.teacher_pass, chunks, inputs + (zero, zero, zero, zero) + teacher, graph)
-        return out_s[9:13] + out_t[13:]
+            return self.with_gradients(hs, ws, bs, ht, wt, bt, *_cut(*self.student_loop(*inputs)))
+        if not compiled(hs):
+            return self.with_gradients(hs, ws, bs, ht, wt, bt, *_cut(*self.both_loop(*inputs)))
+        hs_, ws_, bs_, ht_, wt_, bt_, labels, count = inputs
+        loss = self.with_student_gradients(hs, ws, bs, ht_, wt_, bt_, *_cut(*self.student_loop(*inputs)))
+        return loss + self.teacher_gradients(hs_, ws_, bs_, ht, wt, bt, labels, count)
+
+
+class _TeacherGradients(nn.Cell):
+    """A zero added to the loss whose bprop gives the teacher's hidden states, weight and bias their gradients from
+    a second chunk loop (compiled code). Its other inputs are cut from autodiff, so when the teacher's gradients are
+    unused (a frozen teacher) nothing uses this bprop's results and the graph compiler drops the whole loop (it does
+    not drop part of a call's results when the called graph holds a loop)."""
+
+    def __init__(self, teacher_loop):
+        super().__init__()
+        self.teacher_loop = teacher_loop
+
+    def construct(self, hs, ws, bs, ht, wt, bt, labels, count):
+        # depends on the teacher's tensors: a constant output would be folded away with its bprop
+        return ops.depend(ops.depend(ops.depend(ops.zeros((), ms.float32), ht), wt), bt)
+
+    def bprop(self, hs, ws, bs, ht, wt, bt, labels, count, out, dout):
+        _, _, _, _, dh_t, dw_t, db_t = self.teacher_loop(hs, ws, bs, *_cut(ht, wt, bt), labels, count)
+        return (ops.zeros_like(hs), ops.zeros_like(ws), ops.zeros_like(bs), ops.cast(dh_t * dout, ht.dtype),
+                ops.cast(dw_t * dout, wt.dtype), ops.cast(db_t * dout, bt.dtype), ops.zeros_like(labels),
+                ops.zeros_like(count))
 
 
 class _WithGradients(nn.Cell):
