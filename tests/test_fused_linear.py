@@ -186,3 +186,73 @@ def test_model_train_with_the_chunked_head():
     with graph_mode():
         model.train(15, data, dataset_sink_mode=False)
     assert loss_now() < 0.5 * before
+
+
+# ------------------------------------------------------------------------------------ edges (issue 36)
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+def test_nan_in_ignored_rows_reaches_no_gradient(mode):
+    """An ignored row's hidden states are never read: NaN there leaves the loss and every gradient finite and
+    equal to the case without it (hard term included)."""
+    c = case(seed=31, labels_ignored=(2, 6))
+    args = (2.0, 0.5, 0.4, 1.0)
+    poisoned = {**c, "hs": c["hs"].copy(), "ht": c["ht"].copy()}
+    poisoned["hs"][2] = np.nan
+    poisoned["ht"][6] = np.inf
+    net = Net(FusedLinearDistillationLoss(2.0, beta=0.5, hard_weight=0.4, chunk_size=3))
+    value, grads = value_and_grads(net, poisoned, mode)
+    np.testing.assert_allclose(value, reference_loss(c, *args), rtol=1e-5)
+    for name, ref in reference_grads(c, *args).items():
+        g = grads[name]
+        if name in ("hs", "ht"):  # the poisoned rows get zeros, the others their gradient
+            assert np.all(g[[2, 6]] == 0), name
+        np.testing.assert_allclose(g, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max(), err_msg=name)
+
+
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+def test_empty_batch_gives_zero(mode):
+    c = case(seed=2, rows=0, labels_ignored=())
+    value, grads = value_and_grads(Net(FusedLinearDistillationLoss(2.0, hard_weight=0.5)), c, mode)
+    assert value == 0.0
+    for name, g in grads.items():
+        assert np.all(g == 0), name
+
+
+def test_hard_labels_out_of_range():
+    """PyNative raises before the loss runs; compiled code cannot raise, so the loss is NaN (not a wrong mean)."""
+    c = case(seed=7)
+    c["labels"][3] = V  # outside [0, V), not ignore_index
+    net = Net(FusedLinearDistillationLoss(2.0, hard_weight=0.5, chunk_size=4))
+    (hs, ws, ht, wt), labels, (bs, bt) = tensors(c)
+    with pytest.raises(ValueError, match=r"'labels' must be in \[0, 13\)"):
+        net(hs, ws, ht, wt, labels, bs, bt)
+    with graph_mode():
+        assert np.isnan(float(net(hs, ws, ht, wt, labels, bs, bt).asnumpy()))
+    # soft term only: labels only mark ignored rows, any other value counts the row
+    soft = Net(FusedLinearDistillationLoss(2.0, chunk_size=4))
+    assert np.isfinite(float(soft(hs, ws, ht, wt, labels, bs, bt).asnumpy()))
+
+
+def test_weights_and_missing_teacher_weight_are_named():
+    with pytest.raises(ValueError, match="hard_weight"):
+        FusedLinearDistillationLoss(hard_weight=-0.5)
+    with pytest.raises(ValueError, match="soft_weight"):
+        FusedLinearDistillationLoss(soft_weight=-1.0)
+    with pytest.raises(ValueError, match="chunk_size.*chunk_bytes"):
+        FusedLinearDistillationLoss(chunk_size=4, chunk_bytes=2**20)
+    c = case()
+    (hs, ws, ht, wt), labels, _ = tensors(c)
+    with pytest.raises(TypeError, match="'teacher_weight'"):
+        FusedLinearDistillationLoss()(hs, ws, ht, None, labels)
+    with pytest.raises(ValueError, match="'backend'"):
+        FusedLinearDistillationLoss(backend="quantum")
+    with pytest.raises(TypeError, match="'backend'"):
+        FusedLinearDistillationLoss(backend=["auto"])
+
+
+def test_chunk_bytes_sets_the_rows_per_chunk():
+    assert default_chunk_size(1000, 100, chunk_bytes=8 * 100 * 7) == 7
+    assert default_chunk_size(-1, 100, chunk_bytes=8 * 100 * 7) == 7  # dynamic rows: the budget alone
+    c = case(seed=8)
+    args = (2.0, 0.0, 0.0, 1.0)
+    value, _ = value_and_grads(Net(FusedLinearDistillationLoss(2.0, chunk_bytes=8 * V * 3)), c, "graph")
+    np.testing.assert_allclose(value, reference_loss(c, *args), rtol=1e-5)
