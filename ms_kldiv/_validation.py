@@ -73,7 +73,7 @@ def broadcast_shapes(shape_a, shape_b, name="kl_div", names=("input", "target"))
 
 
 # Evaluated at compile time in graph mode, and a plain Python call in PyNative (no primitive launch: the
-# check costs ~5 us per call there). Under dynamic shapes the unknown dims arrive as None and are trusted;
+# check stays cheap there). Under dynamic shapes the unknown dims arrive as None and are trusted;
 # check=False keeps MindSpore from warning that they are not constants.
 # The name must not clash with a MindSpore primitive's ('broadcast_shape' does).
 kldiv_broadcast_shape = constexpr(broadcast_shapes, check=False)

@@ -352,7 +352,7 @@ class FusedLinearDistillationLoss(nn.Cell):
         hs = _rows(student_hidden)
         vocab = student_weight.shape[0]
         if labels is None:
-            labels = ops.zeros_like(hs[:, 0], dtype=ms.int32)
+            labels = ops.cast(ops.zeros_like(hs[:, 0]), ms.int32)
             count = ops.cast(ops.reshape(ops.dyn_shape(hs)[:1], ()), ms.float32)
         else:
             labels = ops.cast(ops.reshape(labels, (-1,)), ms.int32)

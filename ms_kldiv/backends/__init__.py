@@ -64,7 +64,7 @@ def _all():
 
 
 def device_target():
-    try:  # the raw context read: ms.get_context costs ~15 us, too much for every small PyNative call
+    try:  # the raw context read: ms.get_context is slow enough to show in small PyNative calls
         return _ms_context._context().get_param(_ms_context.ms_ctx_param.device_target)
     except AttributeError:  # private API moved: the public one
         return ms.get_context("device_target")

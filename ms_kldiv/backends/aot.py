@@ -198,9 +198,8 @@ class HostCall:
 
     On CPU a Tensor's memory is host memory, and ``asnumpy()`` returns it without a copy once the ops producing
     it are done (it waits for them). Calling the kernel on it through ctypes skips MindSpore's PyNative op
-    dispatch (~100 us per op on 2 cores, handing the op through its frontend and launch threads), which
-    dominates small calls: 4K elements ~150 -> ~35 us per call+sync. The result is the same function of the
-    same inputs, computed by the same symbol (tests compare the two paths bit for bit).
+    dispatch (it hands the op through its frontend and launch threads), which dominates small calls. The result is
+    the same function of the same inputs, computed by the same symbol (tests compare the two paths bit for bit).
 
     When autograd records (``ms.grad``, ``value_and_grad``, ``GradOperation``, ``TrainOneStepCell``, ...)
     the primitive runs instead, so its bprop is recorded. ``MS_KLDIV_HOST_CALL=0`` turns this path off.

@@ -138,7 +138,7 @@ def run(sizes=DEFAULT_SIZES, dtypes=("float32",), reductions=("sum",), modes=("f
                             rec["error"] = _error(e)
                         cells.append((rec, fn, []))
                     # Large cells: the same time budget, so fast rows still get ~20 samples of which the best
-                    # counts (at 32M one sample of the slowest peer takes 0.3 s: those get the minimum of 3).
+                    # counts (the slowest peers at the largest sizes get the minimum of 3).
                     big = n >= (8 << 20)
                     budget = min_time / rounds
                     max_reps = max(1, (60 if big else 200) // rounds)
