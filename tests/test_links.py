@@ -43,10 +43,7 @@ GENERATED = ("ms_kldiv/_lib", "ms_kldiv/_csrc")
 
 #: Broken references known and left to the owners of the files (as broken_references() reports them). Each must
 #: still be broken: once a comment is fixed, the test fails until its line here is removed.
-KNOWN_BROKEN = (
-    # the distillation tiling is exported by tests/ascendc_sim/distill_sim_driver.cpp; no distill_tiling_capi.cpp
-    "custom_ops/ascend/op_kernel/distill_tiling_plan.h: tests/distill_tiling_capi.cpp: no such file or folder",
-)
+KNOWN_BROKEN = ()
 
 TOP = r"(?:docs|ms_kldiv|custom_ops|tests|examples|benchmarks|tools|\.ci)/"
 ROOT_FILES = r"(?:README\.md|setup\.py|MANIFEST\.in|pytest\.ini)"

@@ -74,21 +74,16 @@ inline std::vector<int64_t> stats_shape(const int *ndims, int64_t *const *shapes
     return std::vector<int64_t>(shapes[1], shapes[1] + ndims[1]);                                         \
   }
 
-// The four exports, each calling run(op, nparam, params, ndims, shapes, dtypes, stream) of the device's front end.
-#define DISTILL_DEFINE_EXPORTS(run)                                                                       \
-  DISTILL_DECLARE_KERNEL(DistillFwd) {                                                                    \
+// One export: kernel Fn calling run(op, nparam, params, ndims, shapes, dtypes, stream) of the device's front end.
+#define DISTILL_DEFINE_EXPORT(Fn, run, op)                                                                \
+  DISTILL_DECLARE_KERNEL(Fn) {                                                                            \
     (void)extra;                                                                                          \
-    return run(distill::kForward, nparam, params, ndims, shapes, dtypes, stream);                         \
-  }                                                                                                       \
-  DISTILL_DECLARE_KERNEL(DistillBwd) {                                                                    \
-    (void)extra;                                                                                          \
-    return run(distill::kBoth, nparam, params, ndims, shapes, dtypes, stream);                            \
-  }                                                                                                       \
-  DISTILL_DECLARE_KERNEL(DistillBwdStudent) {                                                             \
-    (void)extra;                                                                                          \
-    return run(distill::kStudent, nparam, params, ndims, shapes, dtypes, stream);                         \
-  }                                                                                                       \
-  DISTILL_DECLARE_KERNEL(DistillBwdTeacher) {                                                             \
-    (void)extra;                                                                                          \
-    return run(distill::kTeacher, nparam, params, ndims, shapes, dtypes, stream);                         \
+    return run(op, nparam, params, ndims, shapes, dtypes, stream);                                        \
   }
+
+// The four exports.
+#define DISTILL_DEFINE_EXPORTS(run)                                                                       \
+  DISTILL_DEFINE_EXPORT(DistillFwd, run, distill::kForward)                                               \
+  DISTILL_DEFINE_EXPORT(DistillBwd, run, distill::kBoth)                                                  \
+  DISTILL_DEFINE_EXPORT(DistillBwdStudent, run, distill::kStudent)                                        \
+  DISTILL_DEFINE_EXPORT(DistillBwdTeacher, run, distill::kTeacher)

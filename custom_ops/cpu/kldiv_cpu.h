@@ -1,5 +1,6 @@
-// Internal interface between the CPU library's front end (kldiv_cpu.cc: ABI exports, shape handling,
-// thread pool) and its per-ISA kernel translation units (isa_*.cc including kldiv_kernels.inc).
+// Internal interface between the CPU library's front end (kldiv_cpu.cc: ABI exports, shape handling, ISA choice;
+// distill_cpu.cc) and its per-ISA kernel translation units (isa_*.cc including kldiv_kernels.inc). The thread pool
+// is kldiv_pool.h's.
 //
 // Only plain structs and C function pointers cross this boundary: the ISA units are compiled with
 // different -m flags, and any inline C++ template shared between them (std::function, std::vector, ...)
@@ -7,6 +8,8 @@
 #pragma once
 
 #include <stdint.h>
+
+#include "kldiv_pool.h"  // parallel_run, threads_for
 
 namespace kldiv {
 namespace cpu {
@@ -43,13 +46,6 @@ struct Args {
   int64_t prefetch;  // bytes ahead the forward sum's float32 vector loop prefetches its operands; 0 = off
 };
 
-// Runs fn(ctx, chunk, nchunks) for every chunk in [0, nchunks) on the library pool; returns when all are done.
-typedef void (*TaskFn)(void* ctx, int tid, int nthreads);
-void parallel_run(int nthreads, TaskFn fn, void* ctx);
-// Chunks to split `work` element-operations into (1 below the parallel threshold); parallel_run hands
-// them to the pool dynamically.
-int threads_for(int64_t work);
-
 // One call of the fused distillation kernels (custom_ops/common/distill_abi.h; distill_kernels.inc).
 struct DistillJob {
   int dtype;              // DType (not kF64)
@@ -74,6 +70,14 @@ struct KernelTable {
 
 // The table picked for this CPU (once, from cpuid; MS_KLDIV_ISA forces one).
 const KernelTable* active_table();
+// Args::prefetch for this CPU (once; MS_KLDIV_PREFETCH=<bytes> sets it).
+int64_t prefetch_bytes();
+
+#ifdef KLDIV_DIAGNOSTICS
+// kldiv_diagnostics.cc: the front end records the span of each call that returned 0 (KLDivTakeLastSpan).
+int64_t monotonic_ns();
+void record_span(int64_t start_ns, int64_t end_ns);
+#endif
 
 const KernelTable* table_base();
 const KernelTable* table_avx2();

@@ -4,9 +4,8 @@
 // so each lane's log has the same bits as on AVX2 (1.54 ulp; the lean / exact flavours and the block checks are
 // kldiv_simd_avx2.h's, see there). What the wider vectors buy: the kernels' float32 loops are bound by how many vector
 // operations each element takes (docs/cpu_aot.md), and on cores with two 512-bit pipes an operation covers twice
-// the lanes (the lean sum: 4.0 -> 5.0 Gelem/s per core in cache, and the 32M forward from DRAM 1.34x -> 1.15x of
-// the time to read its bytes, two threads, measured on this project's Xeon VM). Masks are mask registers: a compare
-// is one instruction, a select one blend.
+// the lanes, which brings the forward from DRAM closer to the time it takes to read its bytes. Masks are mask
+// registers: a compare is one instruction, a select one blend.
 //
 // Included only by isa_avx512.cc, inside that unit's own namespace.
 #pragma once

@@ -25,7 +25,9 @@
 namespace distill {
 namespace cuda {
 
+using kldiv::cuda::for_each_packet_pair;
 using kldiv::cuda::from_c;
+using kldiv::cuda::packet;
 using kldiv::cuda::to_c;
 using kldiv::cuda::Vec16;
 
@@ -93,20 +95,13 @@ __device__ __forceinline__ S group_reduce(S v, Merge merge, S empty, S *part) {
 // f(s_j, t_j) for this thread's elements of one row (lane of R), in float.
 template <int R, typename T, typename F>
 __device__ __forceinline__ void for_each_pair(const T *s, const T *t, int64_t vocab, int lane, bool vec, F &&f) {
-  int64_t done = 0;
-  if (vec) {
-    constexpr int N = Vec16<T>::kN;
-    const int64_t nv = vocab / N;
-    const Vec16<T> *sv = reinterpret_cast<const Vec16<T> *>(s);
-    const Vec16<T> *tv = reinterpret_cast<const Vec16<T> *>(t);
-    for (int64_t k = lane; k < nv; k += R) {
-      const Vec16<T> a = sv[k], b = tv[k];
+  for_each_packet_pair(
+      s, t, vocab, lane, R, vec,
+      [&](int64_t, const Vec16<T> &a, const Vec16<T> &b) {
 #pragma unroll
-      for (int j = 0; j < N; ++j) f(to_c(a.v[j]), to_c(b.v[j]));
-    }
-    done = nv * N;
-  }
-  for (int64_t k = done + lane; k < vocab; k += R) f(to_c(s[k]), to_c(t[k]));
+        for (int j = 0; j < Vec16<T>::kN; ++j) f(to_c(a.v[j]), to_c(b.v[j]));
+      },
+      [&](int64_t k) { f(to_c(s[k]), to_c(t[k])); });
 }
 
 // ------------------------------------------------------------------------------------------ forward
@@ -227,31 +222,26 @@ __device__ __forceinline__ void backward_row(const T *s, const T *t, int64_t voc
     grads(kKind, (vs - ms) * h.inv_t - lzs, (vt - mt) * h.inv_t - lzt, sa, sb, h.log_beta, h.log_1m_beta, h.beta,
           g_t, gs, gt);
   };
-  int64_t done = 0;
-  if (vec) {
-    constexpr int N = Vec16<T>::kN;
-    const int64_t nv = vocab / N;
-    for (int64_t k = lane; k < nv; k += R) {
-      const Vec16<T> a = reinterpret_cast<const Vec16<T> *>(s)[k], b = reinterpret_cast<const Vec16<T> *>(t)[k];
-      Vec16<T> rs, rt;
+  for_each_packet_pair(
+      s, t, vocab, lane, R, vec,
+      [&](int64_t k, const Vec16<T> &a, const Vec16<T> &b) {
+        Vec16<T> rs, rt;
 #pragma unroll
-      for (int j = 0; j < N; ++j) {
+        for (int j = 0; j < Vec16<T>::kN; ++j) {
+          float gs, gt;
+          one(to_c(a.v[j]), to_c(b.v[j]), &gs, &gt);
+          rs.v[j] = from_c<T>(gs);
+          rt.v[j] = from_c<T>(gt);
+        }
+        if (ds) packet(ds, k) = rs;
+        if (dt) packet(dt, k) = rt;
+      },
+      [&](int64_t k) {
         float gs, gt;
-        one(to_c(a.v[j]), to_c(b.v[j]), &gs, &gt);
-        rs.v[j] = from_c<T>(gs);
-        rt.v[j] = from_c<T>(gt);
-      }
-      if (ds) reinterpret_cast<Vec16<T> *>(ds)[k] = rs;
-      if (dt) reinterpret_cast<Vec16<T> *>(dt)[k] = rt;
-    }
-    done = nv * N;
-  }
-  for (int64_t k = done + lane; k < vocab; k += R) {
-    float gs, gt;
-    one(to_c(s[k]), to_c(t[k]), &gs, &gt);
-    if (ds) ds[k] = from_c<T>(gs);
-    if (dt) dt[k] = from_c<T>(gt);
-  }
+        one(to_c(s[k]), to_c(t[k]), &gs, &gt);
+        if (ds) ds[k] = from_c<T>(gs);
+        if (dt) dt[k] = from_c<T>(gt);
+      });
 }
 
 template <typename T, int R>

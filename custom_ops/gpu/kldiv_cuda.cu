@@ -63,13 +63,36 @@ __device__ __forceinline__ void offsets(const Geometry& g, int64_t i, int64_t* o
   *ot = b;
 }
 
+// Dims walked by one linear index, row-major: their sizes and the x, t and dout strides of each.
+struct DimWalk {
+  int n;
+  int64_t size[kMaxDims], xs[kMaxDims], ts[kMaxDims], gs[kMaxDims];
+  int64_t numel;
+
+  void push(int64_t sz, int64_t x, int64_t t, int64_t g) {
+    size[n] = sz;
+    xs[n] = x;
+    ts[n] = t;
+    gs[n] = g;
+    numel *= sz;
+    ++n;
+  }
+  // Adds the x, t and dout offsets of linear index i to *ox, *ot, *og.
+  __device__ __forceinline__ void add_offsets(int64_t i, int64_t* ox, int64_t* ot, int64_t* og) const {
+    for (int d = n - 1; d >= 0; --d) {
+      const int64_t c = i % size[d];
+      i /= size[d];
+      *ox += c * xs[d];
+      *ot += c * ts[d];
+      *og += c * gs[d];
+    }
+  }
+};
+
 // A segmented reduction of one operand: `kept` dims index its own elements (in its memory order), `red`
 // dims are summed over. Each carries strides into x, t and the broadcast space's dout.
 struct Segments {
-  int nkept, nred;
-  int64_t ksize[kMaxDims], kxs[kMaxDims], kts[kMaxDims], kgs[kMaxDims];
-  int64_t rsize[kMaxDims], rxs[kMaxDims], rts[kMaxDims], rgs[kMaxDims];
-  int64_t kept_numel, red_numel;
+  DimWalk kept, red;
 };
 
 // ------------------------------------------------------------------------------------------ block sum
@@ -98,23 +121,15 @@ __global__ void fwd_none_contig(const T* __restrict__ x, const T* __restrict__ t
   using C = typename Compute<T>::type;
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  int64_t done = 0;
-  if (vec) {
-    constexpr int V = Vec16<T>::kN;
-    const int64_t nv = n / V;
-    const Vec16<T>* xv = reinterpret_cast<const Vec16<T>*>(x);
-    const Vec16<T>* tv = reinterpret_cast<const Vec16<T>*>(t);
-    Vec16<T>* ov = reinterpret_cast<Vec16<T>*>(out);
-    for (int64_t k = i; k < nv; k += stride) {
-      const Vec16<T> a = xv[k], b = tv[k];
-      Vec16<T> r;
+  for_each_packet_pair(
+      x, t, n, i, stride, vec,
+      [&](int64_t k, const Vec16<T>& a, const Vec16<T>& b) {
+        Vec16<T> r;
 #pragma unroll
-      for (int j = 0; j < V; ++j) r.v[j] = from_c<T>(loss<C>(to_c(a.v[j]), to_c(b.v[j]), LT));
-      ov[k] = r;
-    }
-    done = nv * V;
-  }
-  for (int64_t k = done + i; k < n; k += stride) out[k] = from_c<T>(loss<C>(to_c(x[k]), to_c(t[k]), LT));
+        for (int j = 0; j < Vec16<T>::kN; ++j) r.v[j] = from_c<T>(loss<C>(to_c(a.v[j]), to_c(b.v[j]), LT));
+        packet(out, k) = r;
+      },
+      [&](int64_t k) { out[k] = from_c<T>(loss<C>(to_c(x[k]), to_c(t[k]), LT)); });
 }
 
 template <typename T, bool LT>
@@ -138,20 +153,13 @@ __global__ void fwd_sum_partials(const T* __restrict__ x, const T* __restrict__ 
   const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   double acc = 0.0;
   if (g.contiguous) {
-    int64_t done = 0;
-    if (vec) {
-      constexpr int V = Vec16<T>::kN;
-      const int64_t nv = g.numel / V;
-      const Vec16<T>* xv = reinterpret_cast<const Vec16<T>*>(x);
-      const Vec16<T>* tv = reinterpret_cast<const Vec16<T>*>(t);
-      for (int64_t k = i; k < nv; k += stride) {
-        const Vec16<T> a = xv[k], b = tv[k];
+    for_each_packet_pair(
+        x, t, g.numel, i, stride, vec,
+        [&](int64_t, const Vec16<T>& a, const Vec16<T>& b) {
 #pragma unroll
-        for (int j = 0; j < V; ++j) acc += (double)loss_term<C>(to_c(a.v[j]), to_c(b.v[j]), LT);
-      }
-      done = nv * V;
-    }
-    for (int64_t k = done + i; k < g.numel; k += stride) acc += (double)loss_term<C>(to_c(x[k]), to_c(t[k]), LT);
+          for (int j = 0; j < Vec16<T>::kN; ++j) acc += (double)loss_term<C>(to_c(a.v[j]), to_c(b.v[j]), LT);
+        },
+        [&](int64_t k) { acc += (double)loss_term<C>(to_c(x[k]), to_c(t[k]), LT); });
   } else {
     for (int64_t k = i; k < g.numel; k += stride) {
       int64_t ox, ot;
@@ -187,15 +195,10 @@ __global__ void bwd_elementwise(const T* __restrict__ x, const T* __restrict__ t
   if (vec && g.contiguous) {  // both written, no broadcast
     constexpr int V = Vec16<T>::kN;
     const int64_t nv = g.numel / V;
-    const Vec16<T>* xv = reinterpret_cast<const Vec16<T>*>(x);
-    const Vec16<T>* tv = reinterpret_cast<const Vec16<T>*>(t);
-    const Vec16<T>* gv = reinterpret_cast<const Vec16<T>*>(dout);
-    Vec16<T>* dxv = reinterpret_cast<Vec16<T>*>(dx);
-    Vec16<T>* dtv = reinterpret_cast<Vec16<T>*>(dt);
     for (int64_t k = i0; k < nv; k += stride) {
-      const Vec16<T> a = xv[k], b = tv[k];
+      const Vec16<T> a = packet(x, k), b = packet(t, k);
       Vec16<T> gg;
-      if (!SCALAR_G) gg = gv[k];
+      if (!SCALAR_G) gg = packet(dout, k);
       Vec16<T> rx, rt;
 #pragma unroll
       for (int j = 0; j < V; ++j) {
@@ -205,8 +208,8 @@ __global__ void bwd_elementwise(const T* __restrict__ x, const T* __restrict__ t
         rx.v[j] = from_c<T>(di * gj);
         rt.v[j] = from_c<T>(dtg * gj);
       }
-      dxv[k] = rx;
-      dtv[k] = rt;
+      packet(dx, k) = rx;
+      packet(dt, k) = rt;
     }
     done = nv * V;
   }
@@ -230,28 +233,16 @@ __global__ void bwd_reduce(const T* __restrict__ x, const T* __restrict__ t, con
   using C = typename Compute<T>::type;
   const C s = (C)scale;
   const C g0 = SCALAR_G ? to_c(dout[0]) * s : C(0);
-  const int64_t per_split = (sg.red_numel + splits - 1) / splits;
-  for (int64_t j = blockIdx.x; j < sg.kept_numel; j += gridDim.x) {
-    int64_t bx = 0, bt = 0, bg = 0, rem = j;
-    for (int d = sg.nkept - 1; d >= 0; --d) {
-      const int64_t c = rem % sg.ksize[d];
-      rem /= sg.ksize[d];
-      bx += c * sg.kxs[d];
-      bt += c * sg.kts[d];
-      bg += c * sg.kgs[d];
-    }
+  const int64_t per_split = (sg.red.numel + splits - 1) / splits;
+  for (int64_t j = blockIdx.x; j < sg.kept.numel; j += gridDim.x) {
+    int64_t bx = 0, bt = 0, bg = 0;
+    sg.kept.add_offsets(j, &bx, &bt, &bg);
     const int64_t lo = (int64_t)blockIdx.y * per_split;
-    const int64_t hi = lo + per_split < sg.red_numel ? lo + per_split : sg.red_numel;
+    const int64_t hi = lo + per_split < sg.red.numel ? lo + per_split : sg.red.numel;
     double acc = 0.0;
     for (int64_t r = lo + threadIdx.x; r < hi; r += blockDim.x) {
-      int64_t ox = bx, ot = bt, og = bg, q = r;
-      for (int d = sg.nred - 1; d >= 0; --d) {
-        const int64_t c = q % sg.rsize[d];
-        q /= sg.rsize[d];
-        ox += c * sg.rxs[d];
-        ot += c * sg.rts[d];
-        og += c * sg.rgs[d];
-      }
+      int64_t ox = bx, ot = bt, og = bg;
+      sg.red.add_offsets(r, &ox, &ot, &og);
       C di, dtg;
       grads<C>(to_c(x[ox]), to_c(t[ot]), LT, &di, &dtg);
       const C gr = SCALAR_G ? g0 : to_c(dout[og]) * s;
@@ -350,8 +341,8 @@ static bool make_geometry(Shape x, Shape t, Geometry* g) {
 // own (dout) strides are its row-major strides.
 static Segments make_segments(const Geometry& g, int which) {
   Segments sg;
-  sg.nkept = sg.nred = 0;
-  sg.kept_numel = sg.red_numel = 1;
+  sg.kept.n = sg.red.n = 0;
+  sg.kept.numel = sg.red.numel = 1;
   int64_t gs = 1;
   int64_t gstr[kMaxDims];
   for (int d = g.ndim - 1; d >= 0; --d) {
@@ -360,21 +351,7 @@ static Segments make_segments(const Geometry& g, int which) {
   }
   for (int d = 0; d < g.ndim; ++d) {
     const int64_t own = which == 0 ? g.xs[d] : g.ts[d];
-    if (own != 0) {
-      sg.ksize[sg.nkept] = g.size[d];
-      sg.kxs[sg.nkept] = g.xs[d];
-      sg.kts[sg.nkept] = g.ts[d];
-      sg.kgs[sg.nkept] = gstr[d];
-      sg.kept_numel *= g.size[d];
-      ++sg.nkept;
-    } else {
-      sg.rsize[sg.nred] = g.size[d];
-      sg.rxs[sg.nred] = g.xs[d];
-      sg.rts[sg.nred] = g.ts[d];
-      sg.rgs[sg.nred] = gstr[d];
-      sg.red_numel *= g.size[d];
-      ++sg.nred;
-    }
+    (own != 0 ? sg.kept : sg.red).push(g.size[d], g.xs[d], g.ts[d], gstr[d]);
   }
   return sg;
 }
@@ -453,28 +430,28 @@ template <typename T, bool LT, bool SCALAR_G, bool WHICH_T>
 static int reduce_operand(const T* x, const T* t, const T* dout, T* grad, const Geometry& g, double scale,
                           cudaStream_t stream) {
   const Segments sg = make_segments(g, WHICH_T ? 1 : 0);
-  if (sg.kept_numel == 0) return 0;
+  if (sg.kept.numel == 0) return 0;
   // Enough blocks to fill the GPU: many kept elements -> one block each (grid-stride), few -> split each
   // element's reduction set over up to kMaxSplits blocks and add the partials in a second, ordered pass.
   int64_t splits = 1;
-  if (sg.kept_numel < 4096) {
-    splits = (sg.red_numel + kThreads * 16 - 1) / (kThreads * 16);
+  if (sg.kept.numel < 4096) {
+    splits = (sg.red.numel + kThreads * 16 - 1) / (kThreads * 16);
     const int64_t cap = (int64_t)kMaxSplits < 65535 ? kMaxSplits : 65535;
     if (splits > cap) splits = cap;
     if (splits < 1) splits = 1;
   }
-  const int64_t gx = sg.kept_numel < 65535 * 8 ? sg.kept_numel : 65535 * 8;
+  const int64_t gx = sg.kept.numel < 65535 * 8 ? sg.kept.numel : 65535 * 8;
   dim3 grid((unsigned)(gx < 2147483647 ? gx : 2147483647), (unsigned)splits);
   double* partials = nullptr;
   if (splits > 1) {
-    if (cudaMallocAsync(reinterpret_cast<void**>(&partials), sizeof(double) * sg.kept_numel * splits, stream) !=
+    if (cudaMallocAsync(reinterpret_cast<void**>(&partials), sizeof(double) * sg.kept.numel * splits, stream) !=
         cudaSuccess)
       return 5;
   }
   KLDIV_LAUNCH(grid, kThreads, 0, stream, bwd_reduce<T, LT, SCALAR_G, WHICH_T>)(x, t, dout, grad, sg, scale, (int)splits,
                                                                       partials);
   if (splits > 1) {
-    KLDIV_LAUNCH(grid_for(sg.kept_numel, 4096), kThreads, 0, stream, finalize_segments<T>)(partials, sg.kept_numel,
+    KLDIV_LAUNCH(grid_for(sg.kept.numel, 4096), kThreads, 0, stream, finalize_segments<T>)(partials, sg.kept.numel,
                                                                                  (int)splits, grad);
     cudaFreeAsync(partials, stream);
   }

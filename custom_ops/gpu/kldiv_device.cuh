@@ -27,5 +27,31 @@ template <typename T> struct alignas(16) Vec16 {
   T v[kN];
 };
 
+// Packet k of an array that starts on a 16-byte boundary (the front ends check that before they pick a vector path).
+template <typename T> __device__ __forceinline__ const Vec16<T>& packet(const T* p, int64_t k) {
+  return reinterpret_cast<const Vec16<T>*>(p)[k];
+}
+template <typename T> __device__ __forceinline__ Vec16<T>& packet(T* p, int64_t k) {
+  return reinterpret_cast<Vec16<T>*>(p)[k];
+}
+
+// A thread's share of the n element pairs (x[i], t[i]), i = first, first + step, ...: when `vec` (both arrays start
+// on a 16-byte boundary) packet by packet first, vec_fn(k, packet k of x, packet k of t), each packet read with one
+// load; then the elements no packet covered, elem_fn(i).
+template <typename T, typename VecFn, typename ElemFn>
+__device__ __forceinline__ void for_each_packet_pair(const T* x, const T* t, int64_t n, int64_t first, int64_t step,
+                                                     bool vec, VecFn&& vec_fn, ElemFn&& elem_fn) {
+  int64_t done = 0;
+  if (vec) {
+    const int64_t nv = n / Vec16<T>::kN;
+    for (int64_t k = first; k < nv; k += step) {
+      const Vec16<T> a = packet(x, k), b = packet(t, k);
+      vec_fn(k, a, b);
+    }
+    done = nv * Vec16<T>::kN;
+  }
+  for (int64_t i = done + first; i < n; i += step) elem_fn(i);
+}
+
 }  // namespace cuda
 }  // namespace kldiv

@@ -13,41 +13,18 @@
 #include <cmath>
 
 #include "distill_custom_tiling.h"
-#include "register/op_def_registry.h"
-#include "tiling/platform/platform_ascendc.h"
+#include "op_host_common.h"
 #include "../op_kernel/distill_tiling_plan.h"
-
-namespace {
-
-uint32_t IoBytes(ge::DataType dt) {
-  switch (dt) {
-    case ge::DT_FLOAT: return 4;
-    case ge::DT_FLOAT16:
-    case ge::DT_BF16: return 2;
-    default: return 0;
-  }
-}
-
-bool SameShape(const gert::Shape& a, const gert::Shape& b) {
-  if (a.GetDimNum() != b.GetDimNum()) return false;
-  for (size_t i = 0; i < a.GetDimNum(); ++i) {
-    if (a.GetDim(i) != b.GetDim(i)) return false;
-  }
-  return true;
-}
-
-}  // namespace
 
 namespace optiling {
 
-static ge::graphStatus DistillTilingCommon(gert::TilingContext* context, bool backward) {
-  const gert::StorageShape* ss = context->GetInputShape(0);
-  const gert::StorageShape* ts = context->GetInputShape(1);
-  if (ss == nullptr || ts == nullptr) return ge::GRAPH_FAILED;
-  const gert::Shape& shape = ss->GetOriginShape();
-  if (shape.GetDimNum() < 1 || !SameShape(shape, ts->GetOriginShape())) return ge::GRAPH_FAILED;
-  const uint64_t vocab = static_cast<uint64_t>(shape.GetDim(shape.GetDimNum() - 1));
-  const uint64_t rows = vocab ? static_cast<uint64_t>(shape.GetShapeSize()) / vocab : 0;
+// DistillCustomGrad when backward, else DistillCustom.
+template <bool backward>
+ge::graphStatus DistillTilingCommon(gert::TilingContext* context) {
+  const gert::Shape* shape = kldiv_host::PairShape(context);
+  if (shape == nullptr || shape->GetDimNum() < 1) return ge::GRAPH_FAILED;
+  const uint64_t vocab = static_cast<uint64_t>(shape->GetDim(shape->GetDimNum() - 1));
+  const uint64_t rows = vocab ? static_cast<uint64_t>(shape->GetShapeSize()) / vocab : 0;
 
   const gert::RuntimeAttrs* attrs = context->GetAttrs();
   if (attrs == nullptr) return ge::GRAPH_FAILED;
@@ -64,22 +41,17 @@ static ge::graphStatus DistillTilingCommon(gert::TilingContext* context, bool ba
     teacherGrad = *tg;
   }
 
-  const uint32_t io = IoBytes(context->GetInputDesc(0)->GetDataType());
-  if (io == 0 || context->GetInputDesc(1)->GetDataType() != context->GetInputDesc(0)->GetDataType()) {
-    return ge::GRAPH_FAILED;
-  }
+  const uint32_t io = kldiv_host::PairIoBytes(context);
+  if (io == 0) return ge::GRAPH_FAILED;
   const uint32_t kind = distill_tiling::KindOfBeta(*beta);
   const uint32_t op = !backward ? distill_tiling::kForward
                                 : (teacherGrad ? distill_tiling::kBackwardBoth : distill_tiling::kBackwardStudent);
 
   auto platform = platform_ascendc::PlatformAscendC(context->GetPlatformInfo());
-  uint64_t ubBytes = 0;
-  platform.GetCoreMemSize(platform_ascendc::CoreMemType::UB, ubBytes);
+  uint32_t cores = 0, ubBytes = 0;
+  kldiv_host::CoreResources(platform, &cores, &ubBytes);
   distill_tiling::Plan plan{};
-  if (!distill_tiling::MakePlan(rows, vocab, io, op, kind, platform.GetCoreNumAiv(), static_cast<uint32_t>(ubBytes),
-                                &plan)) {
-    return ge::GRAPH_FAILED;
-  }
+  if (!distill_tiling::MakePlan(rows, vocab, io, op, kind, cores, ubBytes, &plan)) return ge::GRAPH_FAILED;
 
   const double t = *temperature;
   const double b = *beta;
@@ -88,8 +60,7 @@ static ge::graphStatus DistillTilingCommon(gert::TilingContext* context, bool ba
   tiling.set_vocab(plan.vocab);
   tiling.set_baseRows(plan.baseRows);
   tiling.set_remRows(plan.remRows);
-  tiling.set_usedCores(plan.usedCores);
-  tiling.set_tileLength(plan.tileLength);
+  kldiv_host::SetLaunchFields(tiling, plan);
   tiling.set_kind(kind);
   tiling.set_teacherGrad(teacherGrad ? 1U : 0U);
   tiling.set_invTemperature(static_cast<float>(1.0 / t));
@@ -98,19 +69,7 @@ static ge::graphStatus DistillTilingCommon(gert::TilingContext* context, bool ba
   tiling.set_beta(static_cast<float>(b));
   tiling.set_logBeta(kind == distill_tiling::kJSD ? static_cast<float>(std::log(b)) : 0.0f);
   tiling.set_log1mBeta(kind == distill_tiling::kJSD ? static_cast<float>(std::log1p(-b)) : 0.0f);
-  tiling.SaveToBuffer(context->GetRawTilingData()->GetData(), context->GetRawTilingData()->GetCapacity());
-  context->GetRawTilingData()->SetDataSize(tiling.GetDataSize());
-
-  context->SetBlockDim(plan.usedCores);
-  context->SetTilingKey(1);
-  size_t* ws = context->GetWorkspaceSizes(1);
-  ws[0] = static_cast<size_t>(platform.GetLibApiWorkSpaceSize());
-  return ge::GRAPH_SUCCESS;
-}
-
-static ge::graphStatus DistillCustomTiling(gert::TilingContext* context) { return DistillTilingCommon(context, false); }
-static ge::graphStatus DistillCustomGradTiling(gert::TilingContext* context) {
-  return DistillTilingCommon(context, true);
+  return kldiv_host::SaveTiling(context, tiling, plan.usedCores, platform, 0);
 }
 
 }  // namespace optiling
@@ -150,53 +109,36 @@ static graphStatus DistillCustomGradInferShape(gert::InferShapeContext* context)
   return GRAPH_SUCCESS;
 }
 
-static graphStatus DistillCustomGradInferDataType(gert::InferDataTypeContext* context) {
-  context->SetOutputDataType(0, context->GetInputDataType(0));
-  context->SetOutputDataType(1, context->GetInputDataType(1));
-  return GRAPH_SUCCESS;
-}
-
 }  // namespace ge
 
 namespace ops {
 
+// The logits are of one of IoTypes(); the per-row statistics and loss gradients are float32.
+template <typename Def>
+void DistillAttrs(Def* def) {
+  def->Attr("temperature").AttrType(OPTIONAL).Float(1.0f);
+  def->Attr("beta").AttrType(OPTIONAL).Float(0.0f);
+}
+
 class DistillCustom : public OpDef {
  public:
   explicit DistillCustom(const char* name) : OpDef(name) {
-    const std::vector<ge::DataType> types = {ge::DT_FLOAT, ge::DT_FLOAT16, ge::DT_BF16};
-    const std::vector<ge::DataType> f32 = {ge::DT_FLOAT, ge::DT_FLOAT, ge::DT_FLOAT};
-    const std::vector<ge::Format> formats = {ge::FORMAT_ND, ge::FORMAT_ND, ge::FORMAT_ND};
-    this->Input("student").ParamType(REQUIRED).DataType(types).Format(formats).UnknownShapeFormat(formats);
-    this->Input("teacher").ParamType(REQUIRED).DataType(types).Format(formats).UnknownShapeFormat(formats);
-    this->Output("stats").ParamType(REQUIRED).DataType(f32).Format(formats).UnknownShapeFormat(formats);
-    this->Attr("temperature").AttrType(OPTIONAL).Float(1.0f);
-    this->Attr("beta").AttrType(OPTIONAL).Float(0.0f);
-    this->SetInferShape(ge::DistillCustomInferShape).SetInferDataType(ge::DistillCustomInferDataType);
-    this->AICore().SetTiling(optiling::DistillCustomTiling);
-    this->AICore().AddConfig("ascend910b");
-    this->AICore().AddConfig("ascend910_93");
+    NdTensors(this, {{"student", IoTypes()}, {"teacher", IoTypes()}}, {{"stats", F32Types()}});
+    DistillAttrs(this);
+    FinishOpDef(this, ge::DistillCustomInferShape, ge::DistillCustomInferDataType,
+                optiling::DistillTilingCommon<false>);
   }
 };
 
 class DistillCustomGrad : public OpDef {
  public:
   explicit DistillCustomGrad(const char* name) : OpDef(name) {
-    const std::vector<ge::DataType> types = {ge::DT_FLOAT, ge::DT_FLOAT16, ge::DT_BF16};
-    const std::vector<ge::DataType> f32 = {ge::DT_FLOAT, ge::DT_FLOAT, ge::DT_FLOAT};
-    const std::vector<ge::Format> formats = {ge::FORMAT_ND, ge::FORMAT_ND, ge::FORMAT_ND};
-    this->Input("student").ParamType(REQUIRED).DataType(types).Format(formats).UnknownShapeFormat(formats);
-    this->Input("teacher").ParamType(REQUIRED).DataType(types).Format(formats).UnknownShapeFormat(formats);
-    this->Input("stats").ParamType(REQUIRED).DataType(f32).Format(formats).UnknownShapeFormat(formats);
-    this->Input("dloss").ParamType(REQUIRED).DataType(f32).Format(formats).UnknownShapeFormat(formats);
-    this->Output("d_student").ParamType(REQUIRED).DataType(types).Format(formats).UnknownShapeFormat(formats);
-    this->Output("d_teacher").ParamType(REQUIRED).DataType(types).Format(formats).UnknownShapeFormat(formats);
-    this->Attr("temperature").AttrType(OPTIONAL).Float(1.0f);
-    this->Attr("beta").AttrType(OPTIONAL).Float(0.0f);
+    NdTensors(this, {{"student", IoTypes()}, {"teacher", IoTypes()}, {"stats", F32Types()}, {"dloss", F32Types()}},
+              {{"d_student", IoTypes()}, {"d_teacher", IoTypes()}});
+    DistillAttrs(this);
     this->Attr("teacher_grad").AttrType(OPTIONAL).Bool(true);
-    this->SetInferShape(ge::DistillCustomGradInferShape).SetInferDataType(ge::DistillCustomGradInferDataType);
-    this->AICore().SetTiling(optiling::DistillCustomGradTiling);
-    this->AICore().AddConfig("ascend910b");
-    this->AICore().AddConfig("ascend910_93");
+    FinishOpDef(this, ge::DistillCustomGradInferShape, kldiv_host::SameDataTypes<2>,
+                optiling::DistillTilingCommon<true>);
   }
 };
 

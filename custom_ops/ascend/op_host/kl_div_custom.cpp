@@ -13,8 +13,7 @@
 #include <cstring>
 
 #include "kl_div_custom_tiling.h"
-#include "register/op_def_registry.h"
-#include "tiling/platform/platform_ascendc.h"
+#include "op_host_common.h"
 #include "../op_kernel/kl_div_tiling_plan.h"
 
 namespace {
@@ -29,35 +28,17 @@ uint32_t ParseReduction(const char* r) {
   return UINT32_MAX;
 }
 
-uint32_t IoBytes(ge::DataType dt) {
-  switch (dt) {
-    case ge::DT_FLOAT: return 4;
-    case ge::DT_FLOAT16:
-    case ge::DT_BF16: return 2;
-    default: return 0;
-  }
-}
-
-bool SameShape(const gert::Shape& a, const gert::Shape& b) {
-  if (a.GetDimNum() != b.GetDimNum()) return false;
-  for (size_t i = 0; i < a.GetDimNum(); ++i) {
-    if (a.GetDim(i) != b.GetDim(i)) return false;
-  }
-  return true;
-}
-
 }  // namespace
 
 namespace optiling {
 
-static ge::graphStatus KlDivTilingCommon(gert::TilingContext* context, bool backward) {
-  const gert::StorageShape* xs = context->GetInputShape(0);
-  const gert::StorageShape* ts = context->GetInputShape(1);
-  if (xs == nullptr || ts == nullptr) return ge::GRAPH_FAILED;
-  const gert::Shape& xShape = xs->GetOriginShape();
-  if (!SameShape(xShape, ts->GetOriginShape())) return ge::GRAPH_FAILED;  // broadcast happens in Python
-  const uint64_t n = static_cast<uint64_t>(xShape.GetShapeSize());
-  const uint64_t firstDim = xShape.GetDimNum() ? static_cast<uint64_t>(xShape.GetDim(0)) : 1;
+// KlDivCustomGrad when backward, else KlDivCustom.
+template <bool backward>
+ge::graphStatus KlDivTilingCommon(gert::TilingContext* context) {
+  const gert::Shape* xShape = kldiv_host::PairShape(context);  // broadcast happens in Python
+  if (xShape == nullptr) return ge::GRAPH_FAILED;
+  const uint64_t n = static_cast<uint64_t>(xShape->GetShapeSize());
+  const uint64_t firstDim = xShape->GetDimNum() ? static_cast<uint64_t>(xShape->GetDim(0)) : 1;
 
   const gert::RuntimeAttrs* attrs = context->GetAttrs();
   if (attrs == nullptr) return ge::GRAPH_FAILED;
@@ -65,10 +46,8 @@ static ge::graphStatus KlDivTilingCommon(gert::TilingContext* context, bool back
   const bool* logTarget = attrs->GetAttrPointer<bool>(1);
   if (reduction == UINT32_MAX || logTarget == nullptr) return ge::GRAPH_FAILED;
 
-  const uint32_t io = IoBytes(context->GetInputDesc(0)->GetDataType());
-  if (io == 0 || context->GetInputDesc(1)->GetDataType() != context->GetInputDesc(0)->GetDataType()) {
-    return ge::GRAPH_FAILED;
-  }
+  const uint32_t io = kldiv_host::PairIoBytes(context);
+  if (io == 0) return ge::GRAPH_FAILED;
   if (backward) {
     const gert::StorageShape* gs = context->GetInputShape(2);
     if (gs == nullptr) return ge::GRAPH_FAILED;
@@ -84,41 +63,24 @@ static ge::graphStatus KlDivTilingCommon(gert::TilingContext* context, bool back
   }
 
   auto platform = platform_ascendc::PlatformAscendC(context->GetPlatformInfo());
-  uint64_t ubBytes = 0;
-  platform.GetCoreMemSize(platform_ascendc::CoreMemType::UB, ubBytes);
-  const uint32_t coreCount = platform.GetCoreNumAiv();
-
+  uint32_t cores = 0, ubBytes = 0;
+  kldiv_host::CoreResources(platform, &cores, &ubBytes);
   kldiv_tiling::Plan plan{};
-  if (!kldiv_tiling::MakePlan(n, io, mode, coreCount, static_cast<uint32_t>(ubBytes), &plan)) {
-    return ge::GRAPH_FAILED;
-  }
+  if (!kldiv_tiling::MakePlan(n, io, mode, cores, ubBytes, &plan)) return ge::GRAPH_FAILED;
 
   KlDivCustomTilingData tiling;
   tiling.set_totalLength(plan.totalLength);
   tiling.set_baseChunks(plan.baseChunks);
   tiling.set_remChunks(plan.remChunks);
-  tiling.set_usedCores(plan.usedCores);
-  tiling.set_tileLength(plan.tileLength);
+  kldiv_host::SetLaunchFields(tiling, plan);
   tiling.set_logTarget(*logTarget ? 1U : 0U);
   tiling.set_reduction(reduction);
   tiling.set_scale(kldiv_tiling::ReductionScale(reduction, n, firstDim));
-  tiling.SaveToBuffer(context->GetRawTilingData()->GetData(), context->GetRawTilingData()->GetCapacity());
-  context->GetRawTilingData()->SetDataSize(tiling.GetDataSize());
-
-  context->SetBlockDim(plan.usedCores);
-  context->SetTilingKey(1);
   // The reducing forward ends with SyncAll: every core of the launch must be resident at once, or the ones
   // that arrive first wait for cores another stream holds (batch mode), and the hard SyncAll wants a
   // non-zero workspace, which the per-core partials provide.
   if (mode == kldiv_tiling::kForwardReduce) context->SetScheduleMode(1);
-  size_t* ws = context->GetWorkspaceSizes(1);
-  ws[0] = static_cast<size_t>(platform.GetLibApiWorkSpaceSize()) + plan.workspaceBytes;
-  return ge::GRAPH_SUCCESS;
-}
-
-static ge::graphStatus KlDivCustomTiling(gert::TilingContext* context) { return KlDivTilingCommon(context, false); }
-static ge::graphStatus KlDivCustomGradTiling(gert::TilingContext* context) {
-  return KlDivTilingCommon(context, true);
+  return kldiv_host::SaveTiling(context, tiling, plan.usedCores, platform, plan.workspaceBytes);
 }
 
 }  // namespace optiling
@@ -140,67 +102,33 @@ static graphStatus KlDivCustomInferShape(gert::InferShapeContext* context) {
   return GRAPH_SUCCESS;
 }
 
-static graphStatus KlDivCustomInferDataType(gert::InferDataTypeContext* context) {
-  context->SetOutputDataType(0, context->GetInputDataType(0));
-  return GRAPH_SUCCESS;
-}
-
-static graphStatus KlDivCustomGradInferShape(gert::InferShapeContext* context) {
-  const gert::Shape* x = context->GetInputShape(0);
-  const gert::Shape* t = context->GetInputShape(1);
-  gert::Shape* dx = context->GetOutputShape(0);
-  gert::Shape* dt = context->GetOutputShape(1);
-  if (x == nullptr || t == nullptr || dx == nullptr || dt == nullptr) return GRAPH_FAILED;
-  *dx = *x;
-  *dt = *t;
-  return GRAPH_SUCCESS;
-}
-
-static graphStatus KlDivCustomGradInferDataType(gert::InferDataTypeContext* context) {
-  context->SetOutputDataType(0, context->GetInputDataType(0));
-  context->SetOutputDataType(1, context->GetInputDataType(1));
-  return GRAPH_SUCCESS;
-}
-
 }  // namespace ge
 
 namespace ops {
 
-// Vector-only kernels; float16 and bfloat16 are computed in float32 inside. float64 is not offered: the
-// vector units have no float64 and the Python layer routes float64 to the composite backend.
+// All tensors of both ops are of one of IoTypes() (vector-only kernels; float64 goes to the composite backend).
+template <typename Def>
+void KlDivAttrs(Def* def) {
+  def->Attr("reduction").AttrType(OPTIONAL).String("mean");
+  def->Attr("log_target").AttrType(OPTIONAL).Bool(false);
+}
+
 class KlDivCustom : public OpDef {
  public:
   explicit KlDivCustom(const char* name) : OpDef(name) {
-    const std::vector<ge::DataType> types = {ge::DT_FLOAT, ge::DT_FLOAT16, ge::DT_BF16};
-    const std::vector<ge::Format> formats = {ge::FORMAT_ND, ge::FORMAT_ND, ge::FORMAT_ND};
-    this->Input("x").ParamType(REQUIRED).DataType(types).Format(formats).UnknownShapeFormat(formats);
-    this->Input("target").ParamType(REQUIRED).DataType(types).Format(formats).UnknownShapeFormat(formats);
-    this->Output("y").ParamType(REQUIRED).DataType(types).Format(formats).UnknownShapeFormat(formats);
-    this->Attr("reduction").AttrType(OPTIONAL).String("mean");
-    this->Attr("log_target").AttrType(OPTIONAL).Bool(false);
-    this->SetInferShape(ge::KlDivCustomInferShape).SetInferDataType(ge::KlDivCustomInferDataType);
-    this->AICore().SetTiling(optiling::KlDivCustomTiling);
-    this->AICore().AddConfig("ascend910b");
-    this->AICore().AddConfig("ascend910_93");
+    NdTensors(this, {{"x", IoTypes()}, {"target", IoTypes()}}, {{"y", IoTypes()}});
+    KlDivAttrs(this);
+    FinishOpDef(this, ge::KlDivCustomInferShape, kldiv_host::SameDataTypes<1>, optiling::KlDivTilingCommon<false>);
   }
 };
 
 class KlDivCustomGrad : public OpDef {
  public:
   explicit KlDivCustomGrad(const char* name) : OpDef(name) {
-    const std::vector<ge::DataType> types = {ge::DT_FLOAT, ge::DT_FLOAT16, ge::DT_BF16};
-    const std::vector<ge::Format> formats = {ge::FORMAT_ND, ge::FORMAT_ND, ge::FORMAT_ND};
-    this->Input("x").ParamType(REQUIRED).DataType(types).Format(formats).UnknownShapeFormat(formats);
-    this->Input("target").ParamType(REQUIRED).DataType(types).Format(formats).UnknownShapeFormat(formats);
-    this->Input("dout").ParamType(REQUIRED).DataType(types).Format(formats).UnknownShapeFormat(formats);
-    this->Output("dx").ParamType(REQUIRED).DataType(types).Format(formats).UnknownShapeFormat(formats);
-    this->Output("dtarget").ParamType(REQUIRED).DataType(types).Format(formats).UnknownShapeFormat(formats);
-    this->Attr("reduction").AttrType(OPTIONAL).String("mean");
-    this->Attr("log_target").AttrType(OPTIONAL).Bool(false);
-    this->SetInferShape(ge::KlDivCustomGradInferShape).SetInferDataType(ge::KlDivCustomGradInferDataType);
-    this->AICore().SetTiling(optiling::KlDivCustomGradTiling);
-    this->AICore().AddConfig("ascend910b");
-    this->AICore().AddConfig("ascend910_93");
+    NdTensors(this, {{"x", IoTypes()}, {"target", IoTypes()}, {"dout", IoTypes()}},
+              {{"dx", IoTypes()}, {"dtarget", IoTypes()}});
+    KlDivAttrs(this);
+    FinishOpDef(this, kldiv_host::SameShapes<2>, kldiv_host::SameDataTypes<2>, optiling::KlDivTilingCommon<true>);
   }
 };
 

@@ -19,6 +19,7 @@
 #define DISTILL_COMMON_H_
 
 #include "kernel_operator.h"
+#include "tile_io.h"
 
 #ifndef KLDIV_TILING_FN
 #define KLDIV_TILING_FN __aicore__ inline
@@ -29,33 +30,9 @@ namespace distill_kernel {
 
 using namespace AscendC;
 
-constexpr float kNegInf = -__builtin_inff();
+using namespace tile_io;
+
 constexpr float kPosInf = __builtin_inff();
-
-// GM -> UB of `valid` elements at element offset `off` of a row-major [rows, V] tensor: DataCopy when the GM
-// address and the length are whole 32 B blocks, else DataCopyPad (rows of odd V start anywhere in a block).
-template <typename T>
-__aicore__ inline void LoadRow(const LocalTensor<T>& dst, const GlobalTensor<T>& src, uint64_t off, uint32_t valid) {
-  if ((off * sizeof(T)) % 32 == 0 && (valid * sizeof(T)) % 32 == 0) {
-    DataCopy(dst, src[off], valid);
-  } else {
-    DataCopyExtParams params{1, static_cast<uint32_t>(valid * sizeof(T)), 0, 0, 0};
-    DataCopyPadExtParams<T> pad{false, 0, 0, static_cast<T>(0)};
-    DataCopyPad(dst, src[off], params, pad);
-  }
-}
-
-// UB -> GM, writing exactly `valid` elements: a row boundary inside a 32 B block may be shared with the row of
-// another core, which DataCopyPad leaves untouched.
-template <typename T>
-__aicore__ inline void StoreRow(const GlobalTensor<T>& dst, const LocalTensor<T>& src, uint64_t off, uint32_t valid) {
-  if ((off * sizeof(T)) % 32 == 0 && (valid * sizeof(T)) % 32 == 0) {
-    DataCopy(dst[off], src, valid);
-  } else {
-    DataCopyExtParams params{1, static_cast<uint32_t>(valid * sizeof(T)), 0, 0, 0};
-    DataCopyPad(dst[off], src, params);
-  }
-}
 
 // dst = float32(src) * invT: the scaled logits (Cast is exact for the half types).
 template <typename T>
@@ -87,6 +64,18 @@ __aicore__ inline void ZeroWhereNoMass(const LocalTensor<float>& w, const LocalT
   Select(w, mask, w, 0.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, count);
 }
 
+// w = P (l - lm - k) with P = exp(l) (left in p), 0 where l = -inf (P = 0 weights the term away): the lanes of
+// KL(P || M)'s sum (k = 0), or of its gradient (k = that KL).
+__aicore__ inline void KlLanes(const LocalTensor<float>& w, const LocalTensor<float>& p, const LocalTensor<float>& l,
+                               const LocalTensor<float>& lm, float k, const LocalTensor<uint8_t>& mask,
+                               uint32_t count) {
+  Exp(p, l, count);
+  Sub(w, l, lm, count);
+  if (k != 0.0f) Adds(w, w, -k, count);  // adding -0 would change no lane
+  Mul(w, p, w, count);
+  ZeroWhereNoMass(w, l, mask, count);
+}
+
 // lm = logaddexp(lt + logBeta, ls + log1mBeta) = max + log(1 + exp(min - max)); uses w2, w3. NaN where both ls
 // and lt are -inf: every term there is selected to 0 afterwards.
 __aicore__ inline void LogMixture(const LocalTensor<float>& lm, const LocalTensor<float>& ls,
@@ -112,6 +101,75 @@ __aicore__ inline void ScalarToVector() {
   SetFlag<HardEvent::S_V>(0);
   WaitFlag<HardEvent::S_V>(0);
 }
+
+// What both kernels read the same way: the parameters of the tiling data they share, the core's rows, and two
+// [rows, V] logit tensors (the first and the second operand) walked row by row in vocabulary tiles through
+// double-buffered queues, into float32 tiles of the scaled logits.
+template <typename T>
+struct LogitTiles {
+  template <typename TilingData>
+  __aicore__ inline void Init(TPipe& pipe, GM_ADDR first, GM_ADDR second, const TilingData& td) {
+    vocab = td.vocab;
+    tile = td.tileLength;
+    kind = td.kind;
+    invT = td.invTemperature;
+    beta = td.beta;
+    logBeta = td.logBeta;
+    log1mBeta = td.log1mBeta;
+    distill_tiling::RowRange(td.baseRows, td.remRows, static_cast<uint32_t>(GetBlockIdx()), &rowStart, &rowCount);
+    firstGm.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(first), td.rows * vocab);
+    secondGm.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(second), td.rows * vocab);
+    pipe.InitBuffer(firstQue, distill_tiling::kBufferNum, tile * sizeof(T));
+    pipe.InitBuffer(secondQue, distill_tiling::kBufferNum, tile * sizeof(T));
+    pipe.InitBuffer(firstBuf, tile * sizeof(float));
+    pipe.InitBuffer(secondBuf, tile * sizeof(float));
+  }
+
+  // Elements of tile i of a row.
+  __aicore__ inline uint32_t Valid(uint64_t i) const {
+    const uint64_t off = i * tile;
+    return static_cast<uint32_t>(vocab - off < tile ? vocab - off : tile);
+  }
+
+  // Tile i of a row, scaled, in firstBuf / secondBuf (the load of tile i + 1 is started first: Prefetch); returns
+  // its element count.
+  __aicore__ inline uint32_t Next(uint64_t row, uint64_t i, uint64_t tiles) {
+    Prefetch(row, i + 1, tiles);
+    const uint32_t valid = Valid(i);
+    Scaled(distill_tiling::ComputeCount(valid));
+    return valid;
+  }
+
+  // Tile i of a row into the queues, if the row has one. The walks load tile i + 1 before computing tile i, so
+  // the load overlaps the vector work (and the scalar waits for reduction results) of tile i: the queues are
+  // kBufferNum = 2 deep.
+  __aicore__ inline void Prefetch(uint64_t row, uint64_t i, uint64_t tiles) {
+    if (i >= tiles) return;
+    LoadToQueue(firstQue, firstGm, row * vocab + i * tile, Valid(i));
+    LoadToQueue(secondQue, secondGm, row * vocab + i * tile, Valid(i));
+  }
+
+  // The oldest loaded tile's logits divided by T, in float32, into firstBuf / secondBuf; frees its queue buffers.
+  __aicore__ inline void Scaled(uint32_t count) {
+    LocalTensor<T> fl = firstQue.template DeQue<T>();
+    LocalTensor<T> sl = secondQue.template DeQue<T>();
+    ScaledFloat(First(), fl, invT, count);
+    ScaledFloat(Second(), sl, invT, count);
+    firstQue.FreeTensor(fl);
+    secondQue.FreeTensor(sl);
+  }
+
+  // The float32 tiles Scaled writes.
+  __aicore__ inline LocalTensor<float> First() { return firstBuf.Get<float>(); }
+  __aicore__ inline LocalTensor<float> Second() { return secondBuf.Get<float>(); }
+
+  TQue<QuePosition::VECIN, distill_tiling::kBufferNum> firstQue, secondQue;
+  TBuf<TPosition::VECCALC> firstBuf, secondBuf;
+  GlobalTensor<T> firstGm, secondGm;
+  uint64_t vocab = 0, rowStart = 0, rowCount = 0;
+  uint32_t tile = 0, kind = 0;
+  float invT = 1.0f, beta = 0.0f, logBeta = 0.0f, log1mBeta = 0.0f;
+};
 
 }  // namespace distill_kernel
 

@@ -29,39 +29,27 @@ class DistillForward {
   __aicore__ inline DistillForward() {}
 
   __aicore__ inline void Init(GM_ADDR student, GM_ADDR teacher, GM_ADDR stats, const DistillCustomTilingData& td) {
-    vocab_ = td.vocab;
-    tile_ = td.tileLength;
-    kind_ = td.kind;
-    invT_ = td.invTemperature;
     tSquared_ = td.tSquared;
-    beta_ = td.beta;
-    logBeta_ = td.logBeta;
-    log1mBeta_ = td.log1mBeta;
-    distill_tiling::RowRange(td.baseRows, td.remRows, static_cast<uint32_t>(GetBlockIdx()), &rowStart_, &rowCount_);
-
     // KL(P_a || P_b): a = teacher for forward KL, the student for reverse KL. JSD reads them as (s, t) = (b, a).
-    const bool aIsStudent = kind_ == distill_tiling::kReverseKL;
-    aGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(aIsStudent ? student : teacher), td.rows * vocab_);
-    bGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(aIsStudent ? teacher : student), td.rows * vocab_);
+    const bool aIsStudent = td.kind == distill_tiling::kReverseKL;
+    in_.Init(pipe_, aIsStudent ? student : teacher, aIsStudent ? teacher : student, td);
     statsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(stats), td.rows * distill_tiling::kStatsStride);
-
-    pipe_.InitBuffer(aQue_, distill_tiling::kBufferNum, tile_ * sizeof(T));
-    pipe_.InitBuffer(bQue_, distill_tiling::kBufferNum, tile_ * sizeof(T));
-    pipe_.InitBuffer(aBuf_, tile_ * sizeof(float));
-    pipe_.InitBuffer(bBuf_, tile_ * sizeof(float));
-    pipe_.InitBuffer(w1Buf_, tile_ * sizeof(float));
-    pipe_.InitBuffer(w2Buf_, tile_ * sizeof(float));
-    if (kind_ == distill_tiling::kJSD) pipe_.InitBuffer(w3Buf_, tile_ * sizeof(float));
-    pipe_.InitBuffer(maskBuf_, tile_ / 8);
-    pipe_.InitBuffer(workBuf_, (tile_ / 32 + distill_tiling::kReduceWorkFixedFloats) * sizeof(float));
+    pipe_.InitBuffer(w1Buf_, in_.tile * sizeof(float));
+    pipe_.InitBuffer(w2Buf_, in_.tile * sizeof(float));
+    if (in_.kind == distill_tiling::kJSD) pipe_.InitBuffer(w3Buf_, in_.tile * sizeof(float));
+    pipe_.InitBuffer(maskBuf_, in_.tile / 8);
+    pipe_.InitBuffer(workBuf_, (in_.tile / 32 + distill_tiling::kReduceWorkFixedFloats) * sizeof(float));
     pipe_.InitBuffer(scalarBuf_, distill_tiling::kScalarFloats * sizeof(float));
     pipe_.InitBuffer(statBuf_, distill_tiling::kStatsStride * sizeof(float));
+    mask_ = maskBuf_.Get<uint8_t>();
+    work_ = workBuf_.Get<float>();
+    sc_ = scalarBuf_.Get<float>();
   }
 
   __aicore__ inline void Process() {
-    for (uint64_t r = 0; r < rowCount_; ++r) {
-      const uint64_t row = rowStart_ + r;
-      if (kind_ == distill_tiling::kJSD) {
+    for (uint64_t r = 0; r < in_.rowCount; ++r) {
+      const uint64_t row = in_.rowStart + r;
+      if (in_.kind == distill_tiling::kJSD) {
         JsdRow(row);
       } else {
         KlRow(row);
@@ -73,52 +61,18 @@ class DistillForward {
   // Slots of scalarBuf_ (32 B apart, so every vector result starts a block).
   static constexpr uint32_t kMaxA = 0, kMaxB = 8, kSumA = 16, kSumB = 24, kTerm = 32, kExp = 40;
 
-  __aicore__ inline uint32_t Valid(uint64_t i) const {
-    const uint64_t off = i * tile_;
-    return static_cast<uint32_t>(vocab_ - off < tile_ ? vocab_ - off : tile_);
-  }
-
-  // Tile i of a row into the queues, if the row has one. The walks load tile i + 1 before computing tile i, so
-  // the load overlaps the vector work (and the scalar waits for reduction results) of tile i: the queues are
-  // kBufferNum = 2 deep.
-  __aicore__ inline void Prefetch(uint64_t row, uint64_t i, uint64_t tiles) {
-    if (i < tiles) CopyIn(row * vocab_ + i * tile_, Valid(i));
-  }
-
-  __aicore__ inline void CopyIn(uint64_t off, uint32_t valid) {
-    LocalTensor<T> al = aQue_.template AllocTensor<T>();
-    LocalTensor<T> bl = bQue_.template AllocTensor<T>();
-    LoadRow(al, aGm_, off, valid);
-    LoadRow(bl, bGm_, off, valid);
-    aQue_.EnQue(al);
-    bQue_.EnQue(bl);
-  }
-
-  // a' and b' of the tile, float32, into aBuf_ / bBuf_.
-  __aicore__ inline void ScaledTile(uint32_t count) {
-    LocalTensor<T> al = aQue_.template DeQue<T>();
-    LocalTensor<T> bl = bQue_.template DeQue<T>();
-    ScaledFloat(aBuf_.Get<float>(), al, invT_, count);
-    ScaledFloat(bBuf_.Get<float>(), bl, invT_, count);
-    aQue_.FreeTensor(al);
-    bQue_.FreeTensor(bl);
-  }
-
   // Online max and sum-exp of both sides over one tile (and, for KL, the running B). Updates the members.
   __aicore__ inline void OnlineTile(uint32_t valid, uint32_t count, bool withTerm) {
-    LocalTensor<float> a = aBuf_.Get<float>();
-    LocalTensor<float> b = bBuf_.Get<float>();
+    LocalTensor<float> a = in_.First();
+    LocalTensor<float> b = in_.Second();
     LocalTensor<float> w1 = w1Buf_.Get<float>();
     LocalTensor<float> w2 = w2Buf_.Get<float>();
-    LocalTensor<float> work = workBuf_.Get<float>();
-    LocalTensor<float> sc = scalarBuf_.Get<float>();
-    LocalTensor<uint8_t> mask = maskBuf_.Get<uint8_t>();
 
-    ReduceMax(sc[kMaxA], a, work, valid);
-    ReduceMax(sc[kMaxB], b, work, valid);
+    ReduceMax(sc_[kMaxA], a, work_, valid);
+    ReduceMax(sc_[kMaxB], b, work_, valid);
     VectorToScalar();
-    const float tileMaxA = sc.GetValue(kMaxA);
-    const float tileMaxB = sc.GetValue(kMaxB);
+    const float tileMaxA = sc_.GetValue(kMaxA);
+    const float tileMaxB = sc_.GetValue(kMaxB);
     // Shifts: the running maxima, 0 while only -inf was seen (exp(-inf - 0) = 0 keeps those sums exactly 0).
     if (tileMaxA > maxA_) maxA_ = tileMaxA;
     if (tileMaxB > maxB_) maxB_ = tileMaxB;
@@ -128,33 +82,33 @@ class DistillForward {
     const float dB = newShiftB - shiftB_;
     shiftA_ = newShiftA;
     shiftB_ = newShiftB;
-    sc.SetValue(kExp, -dA);
-    sc.SetValue(kExp + 1, -dB);
+    sc_.SetValue(kExp, -dA);
+    sc_.SetValue(kExp + 1, -dB);
     ScalarToVector();
-    Exp(sc[kExp], sc[kExp], 8);
+    Exp(sc_[kExp], sc_[kExp], 8);
 
     Adds(a, a, -newShiftA, count);  // u
     Adds(b, b, -newShiftB, count);  // v
     Exp(w1, a, count);
-    ReduceSum(sc[kSumA], w1, work, valid);
+    ReduceSum(sc_[kSumA], w1, work_, valid);
     Exp(w2, b, count);
-    ReduceSum(sc[kSumB], w2, work, valid);
+    ReduceSum(sc_[kSumB], w2, work_, valid);
     if (withTerm) {
       Sub(w2, a, b, count);
-      ZeroWhereNoMass(w2, a, mask, count);
+      ZeroWhereNoMass(w2, a, mask_, count);
       Mul(w2, w1, w2, count);
-      ReduceSum(sc[kTerm], w2, work, valid);
+      ReduceSum(sc_[kTerm], w2, work_, valid);
     }
     VectorToScalar();
-    const float fA = sc.GetValue(kExp);
-    const float fB = sc.GetValue(kExp + 1);
+    const float fA = sc_.GetValue(kExp);
+    const float fB = sc_.GetValue(kExp + 1);
     if (withTerm && termB_ != kPosInf) {
-      termB_ = fA * (termB_ - (dA - dB) * sumA_) + sc.GetValue(kTerm);
+      termB_ = fA * (termB_ - (dA - dB) * sumA_) + sc_.GetValue(kTerm);
     } else if (withTerm) {
-      termB_ = kPosInf + sc.GetValue(kTerm);  // stays +inf (NaN only if a NaN logit made the tile's term NaN)
+      termB_ = kPosInf + sc_.GetValue(kTerm);  // stays +inf (NaN only if a NaN logit made the tile's term NaN)
     }
-    sumA_ = sumA_ * fA + sc.GetValue(kSumA);
-    sumB_ = sumB_ * fB + sc.GetValue(kSumB);
+    sumA_ = sumA_ * fA + sc_.GetValue(kSumA);
+    sumB_ = sumB_ * fB + sc_.GetValue(kSumB);
   }
 
   __aicore__ inline void ResetRow() {
@@ -169,85 +123,68 @@ class DistillForward {
 
   // (ln sumA_, ln sumB_) through the vector unit (the scalar unit has no logarithm).
   __aicore__ inline void LogSums(float* lnA, float* lnB) {
-    LocalTensor<float> sc = scalarBuf_.Get<float>();
-    sc.SetValue(kExp, sumA_);
-    sc.SetValue(kExp + 1, sumB_);
+    sc_.SetValue(kExp, sumA_);
+    sc_.SetValue(kExp + 1, sumB_);
     ScalarToVector();
-    Ln(sc[kExp], sc[kExp], 8);
+    Ln(sc_[kExp], sc_[kExp], 8);
     VectorToScalar();
-    *lnA = sc.GetValue(kExp);
-    *lnB = sc.GetValue(kExp + 1);
+    *lnA = sc_.GetValue(kExp);
+    *lnB = sc_.GetValue(kExp + 1);
+  }
+
+  // One walk over the row: the online max and sum-exp of both sides (and, withTerm, KL's running B) from zero.
+  __aicore__ inline void OnlineRow(uint64_t row, uint64_t tiles, bool withTerm) {
+    ResetRow();
+    in_.Prefetch(row, 0, tiles);
+    for (uint64_t i = 0; i < tiles; ++i) {
+      const uint32_t valid = in_.Next(row, i, tiles);
+      OnlineTile(valid, distill_tiling::ComputeCount(valid), withTerm);
+    }
   }
 
   __aicore__ inline void KlRow(uint64_t row) {
-    ResetRow();
-    const uint64_t tiles = distill_tiling::TileCount(vocab_, tile_);
-    Prefetch(row, 0, tiles);
-    for (uint64_t i = 0; i < tiles; ++i) {
-      Prefetch(row, i + 1, tiles);
-      const uint32_t valid = Valid(i);
-      ScaledTile(distill_tiling::ComputeCount(valid));
-      OnlineTile(valid, distill_tiling::ComputeCount(valid), true);
-    }
+    OnlineRow(row, distill_tiling::TileCount(in_.vocab, in_.tile), true);
     float lnA = 0.0f, lnB = 0.0f;
     LogSums(&lnA, &lnB);
     const float k = termB_ / sumA_ - lnA + lnB;
     const float lseA = shiftA_ + lnA;
     const float lseB = shiftB_ + lnB;
-    const bool aIsStudent = kind_ == distill_tiling::kReverseKL;
+    const bool aIsStudent = in_.kind == distill_tiling::kReverseKL;
     WriteStats(row, tSquared_ * k, aIsStudent ? lseA : lseB, aIsStudent ? lseB : lseA, k, 0.0f);
   }
 
   __aicore__ inline void JsdRow(uint64_t row) {
     // Pass 1: both normalisers. a = teacher, b = student here.
-    ResetRow();
-    const uint64_t tiles = distill_tiling::TileCount(vocab_, tile_);
-    Prefetch(row, 0, tiles);
-    for (uint64_t i = 0; i < tiles; ++i) {
-      Prefetch(row, i + 1, tiles);
-      const uint32_t valid = Valid(i);
-      ScaledTile(distill_tiling::ComputeCount(valid));
-      OnlineTile(valid, distill_tiling::ComputeCount(valid), false);
-    }
+    const uint64_t tiles = distill_tiling::TileCount(in_.vocab, in_.tile);
+    OnlineRow(row, tiles, false);
     float lnT = 0.0f, lnS = 0.0f;
     LogSums(&lnT, &lnS);
     const float lseT = shiftA_ + lnT;
     const float lseS = shiftB_ + lnS;
 
     // Pass 2: K_s = sum P_s (ls - lm), K_t = sum P_t (lt - lm).
-    LocalTensor<float> lt = aBuf_.Get<float>();
-    LocalTensor<float> ls = bBuf_.Get<float>();
+    LocalTensor<float> lt = in_.First();
+    LocalTensor<float> ls = in_.Second();
     LocalTensor<float> lm = w1Buf_.Get<float>();
     LocalTensor<float> w2 = w2Buf_.Get<float>();
     LocalTensor<float> w3 = w3Buf_.Get<float>();
-    LocalTensor<float> work = workBuf_.Get<float>();
-    LocalTensor<float> sc = scalarBuf_.Get<float>();
-    LocalTensor<uint8_t> mask = maskBuf_.Get<uint8_t>();
     float ks = 0.0f, kt = 0.0f;
-    Prefetch(row, 0, tiles);
+    in_.Prefetch(row, 0, tiles);
     for (uint64_t i = 0; i < tiles; ++i) {
-      Prefetch(row, i + 1, tiles);
-      const uint32_t valid = Valid(i);
+      const uint32_t valid = in_.Next(row, i, tiles);
       const uint32_t count = distill_tiling::ComputeCount(valid);
-      ScaledTile(count);
       Adds(lt, lt, -lseT, count);
       Adds(ls, ls, -lseS, count);
-      LogMixture(lm, ls, lt, w2, w3, logBeta_, log1mBeta_, count);
-      Exp(w2, ls, count);
-      Sub(w3, ls, lm, count);
-      Mul(w3, w2, w3, count);
-      ZeroWhereNoMass(w3, ls, mask, count);
-      ReduceSum(sc[kSumA], w3, work, valid);
-      Exp(w2, lt, count);
-      Sub(w3, lt, lm, count);
-      Mul(w3, w2, w3, count);
-      ZeroWhereNoMass(w3, lt, mask, count);
-      ReduceSum(sc[kSumB], w3, work, valid);
+      LogMixture(lm, ls, lt, w2, w3, in_.logBeta, in_.log1mBeta, count);
+      KlLanes(w3, w2, ls, lm, 0.0f, mask_, count);
+      ReduceSum(sc_[kSumA], w3, work_, valid);
+      KlLanes(w3, w2, lt, lm, 0.0f, mask_, count);
+      ReduceSum(sc_[kSumB], w3, work_, valid);
       VectorToScalar();
-      ks += sc.GetValue(kSumA);
-      kt += sc.GetValue(kSumB);
+      ks += sc_.GetValue(kSumA);
+      kt += sc_.GetValue(kSumB);
     }
-    WriteStats(row, tSquared_ * (beta_ * kt + (1.0f - beta_) * ks), lseS, lseT, ks, kt);
+    WriteStats(row, tSquared_ * (in_.beta * kt + (1.0f - in_.beta) * ks), lseS, lseT, ks, kt);
   }
 
   __aicore__ inline void WriteStats(uint64_t row, float loss, float lseS, float lseT, float k1, float k2) {
@@ -267,13 +204,12 @@ class DistillForward {
   }
 
   TPipe pipe_;
-  TQue<QuePosition::VECIN, distill_tiling::kBufferNum> aQue_, bQue_;
-  TBuf<TPosition::VECCALC> aBuf_, bBuf_, w1Buf_, w2Buf_, w3Buf_, maskBuf_, workBuf_, scalarBuf_, statBuf_;
-  GlobalTensor<T> aGm_, bGm_;
+  LogitTiles<T> in_;  // first = a, second = b
+  TBuf<TPosition::VECCALC> w1Buf_, w2Buf_, w3Buf_, maskBuf_, workBuf_, scalarBuf_, statBuf_;
   GlobalTensor<float> statsGm_;
-  uint64_t vocab_ = 0, rowStart_ = 0, rowCount_ = 0;
-  uint32_t tile_ = 0, kind_ = 0;
-  float invT_ = 1.0f, tSquared_ = 1.0f, beta_ = 0.0f, logBeta_ = 0.0f, log1mBeta_ = 0.0f;
+  LocalTensor<uint8_t> mask_;
+  LocalTensor<float> work_, sc_;  // the reductions' work area; scalarBuf_, the scalar exchange
+  float tSquared_ = 1.0f;
   float maxA_ = kNegInf, maxB_ = kNegInf, shiftA_ = 0.0f, shiftB_ = 0.0f, sumA_ = 0.0f, sumB_ = 0.0f, termB_ = 0.0f;
 };
 

@@ -2,26 +2,22 @@
 // over the vector cores and how a row's vocabulary is cut into tiles that fit the unified buffer (UB).
 //
 // No CANN dependency, as kl_div_tiling_plan.h: the host tiling function, the kernels (which recompute each core's
-// row range with the same function) and the CPU tests (through tests/distill_tiling_capi.cpp) include it.
+// row range with the same function) and the CPU tests (through tests/ascend/ascendc_sim/distill_sim_driver.cpp) include it.
 #ifndef DISTILL_ASCEND_TILING_PLAN_H_
 #define DISTILL_ASCEND_TILING_PLAN_H_
 
-#ifndef KLDIV_TILING_FN
-#define KLDIV_TILING_FN inline
-#include <stdint.h>
-#endif
+#include "tiling_common.h"
 
 namespace distill_tiling {
 
-// Tiles are multiples of 256 elements: the 1-bit select mask (tile / 8 bytes) is then whole 32 B blocks.
-constexpr uint32_t kTileAlign = 256;
-// A tile of `valid` elements is computed on `valid` rounded up to 64 lanes: one 256 B float32 repeat, the unit
-// CompareScalar works in. The lanes past `valid` are never stored and never reduced.
-constexpr uint32_t kComputeAlign = 64;
-constexpr uint32_t kBufferNum = 2;  // double buffering of every GM<->UB queue
-constexpr uint32_t kMaxTile = 16384;
-// The AscendC library's own temporaries live in the top 8 KiB of the UB (TMP_UB_OFFSET, Atlas A2 and 310P).
-constexpr uint32_t kApiUbReserveBytes = 8192;
+using tiling_common::ComputeCount;
+using tiling_common::kApiUbReserveBytes;
+using tiling_common::kBufferNum;
+using tiling_common::kComputeAlign;
+using tiling_common::kMaxTile;
+using tiling_common::kTileAlign;
+using tiling_common::TileCount;  // of one row
+
 // Our small buffers: scalar exchange (256 B), one stats row (32 B), the row's incoming gradient (32 B) and the
 // fixed part of the reduction work area (256 B).
 constexpr uint32_t kUbReserveBytes = 1024;
@@ -65,14 +61,10 @@ KLDIV_TILING_FN uint32_t BitsPerElement(uint32_t op, uint32_t kind, uint32_t io)
   return bytes * 8 + 1 + (op == kForward ? 1 : 0);
 }
 
-// Largest tile (multiple of kTileAlign, <= kMaxTile, no longer than the row needs) whose buffers fit in
-// ubBytes less both reserves; 0 if even one does not.
+// Largest tile whose buffers fit the UB (tiling_common.h FitTile) and no longer than the row needs; 0 if even one
+// does not fit.
 KLDIV_TILING_FN uint32_t TileLength(uint32_t op, uint32_t kind, uint32_t io, uint32_t ubBytes, uint64_t vocab) {
-  if (ubBytes <= kApiUbReserveBytes + kUbReserveBytes) return 0;
-  const uint64_t budgetBits = static_cast<uint64_t>(ubBytes - kApiUbReserveBytes - kUbReserveBytes) * 8;
-  uint64_t tile = budgetBits / BitsPerElement(op, kind, io);
-  tile -= tile % kTileAlign;
-  if (tile > kMaxTile) tile = kMaxTile;
+  uint64_t tile = tiling_common::FitTile(ubBytes, kUbReserveBytes, BitsPerElement(op, kind, io));
   // A short row does not need a long tile: the smallest aligned tile that holds it.
   const uint64_t need = (vocab + kTileAlign - 1) / kTileAlign * kTileAlign;
   if (need > 0 && need < tile) tile = need;
@@ -81,8 +73,7 @@ KLDIV_TILING_FN uint32_t TileLength(uint32_t op, uint32_t kind, uint32_t io, uin
 
 // UB the kernel's InitBuffer calls add up to, at most, for a tile length (each buffer rounded up to 32 B).
 KLDIV_TILING_FN uint32_t UbBytesUsed(uint32_t op, uint32_t kind, uint32_t io, uint32_t tile) {
-  return static_cast<uint32_t>((static_cast<uint64_t>(tile) * BitsPerElement(op, kind, io) + 7) / 8) +
-         kUbReserveBytes;
+  return tiling_common::TileUbBytes(tile, BitsPerElement(op, kind, io), kUbReserveBytes);
 }
 
 // Fills *plan; false when the inputs cannot be tiled (unknown dtype size, UB too small, no cores, bad op/kind).
@@ -108,13 +99,6 @@ KLDIV_TILING_FN void RowRange(uint64_t baseRows, uint32_t remRows, uint32_t core
   const uint64_t extra = core < remRows ? core : remRows;
   *start = static_cast<uint64_t>(core) * baseRows + extra;
   *len = baseRows + (core < remRows ? 1 : 0);
-}
-
-// Tiles of one row; the last one holds vocab - (tiles - 1) * tile elements.
-KLDIV_TILING_FN uint64_t TileCount(uint64_t vocab, uint32_t tile) { return (vocab + tile - 1) / tile; }
-
-KLDIV_TILING_FN uint32_t ComputeCount(uint32_t valid) {
-  return (valid + kComputeAlign - 1) / kComputeAlign * kComputeAlign;
 }
 
 }  // namespace distill_tiling

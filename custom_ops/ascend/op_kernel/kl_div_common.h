@@ -13,6 +13,7 @@
 #define KL_DIV_COMMON_H_
 
 #include "kernel_operator.h"
+#include "tile_io.h"
 
 #define KLDIV_TILING_FN __aicore__ inline
 #include "kl_div_tiling_plan.h"
@@ -21,31 +22,7 @@ namespace kldiv_kernel {
 
 using namespace AscendC;
 
-constexpr float kNegInf = -__builtin_inff();
-
-// Copies `valid` elements GM -> UB; DataCopy moves whole 32 B blocks only, so a ragged tail uses DataCopyPad.
-template <typename T>
-__aicore__ inline void LoadTile(const LocalTensor<T>& dst, const GlobalTensor<T>& src, uint32_t valid) {
-  if ((valid * sizeof(T)) % 32 == 0) {
-    DataCopy(dst, src, valid);
-  } else {
-    DataCopyExtParams params{1, static_cast<uint32_t>(valid * sizeof(T)), 0, 0, 0};
-    DataCopyPadExtParams<T> pad{false, 0, 0, static_cast<T>(0)};
-    DataCopyPad(dst, src, params, pad);
-  }
-}
-
-// Copies `valid` elements UB -> GM without touching the bytes after them (they belong to no one or,
-// never, to another core: core ranges are 256 B aligned).
-template <typename T>
-__aicore__ inline void StoreTile(const GlobalTensor<T>& dst, const LocalTensor<T>& src, uint32_t valid) {
-  if ((valid * sizeof(T)) % 32 == 0) {
-    DataCopy(dst, src, valid);
-  } else {
-    DataCopyExtParams params{1, static_cast<uint32_t>(valid * sizeof(T)), 0, 0, 0};
-    DataCopyPad(dst, src, params);
-  }
-}
+using namespace tile_io;
 
 // float32 view of an IO tile: the tile itself for float, else a Cast into `scratch` (exact for half types).
 template <typename T>
@@ -125,6 +102,64 @@ __aicore__ inline void PointwiseGrads(const LocalTensor<float>& dx, const LocalT
   Select(dx, mask, dx, 0.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, count);
   Select(dt, mask, dt, 0.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, count);
 }
+
+// x and target of a core's range (kl_div_tiling_plan.h CoreRange), read tile by tile through double-buffered
+// queues into the float32 operands both kernels compute on. The kernel drives it with ForEachTile.
+template <typename T>
+struct OperandTiles {
+  __aicore__ inline void Init(TPipe& pipe, GM_ADDR x, GM_ADDR target, uint64_t start, uint64_t len, uint32_t tile) {
+    len_ = len;
+    tile_ = tile;
+    xGm.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(x) + start, len);
+    tGm.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(target) + start, len);
+    pipe.InitBuffer(xQue, kldiv_tiling::kBufferNum, tile * sizeof(T));
+    pipe.InitBuffer(tQue, kldiv_tiling::kBufferNum, tile * sizeof(T));
+    pipe.InitBuffer(xsBuf, tile * sizeof(float));
+    pipe.InitBuffer(tsBuf, tile * sizeof(float));
+    pipe.InitBuffer(maskBuf, tile / 8);
+  }
+
+  // Every tile of the range in order: x and target are loaded (and kernel->CopyIn(off, valid) loads the kernel's
+  // own inputs), then kernel->Compute(valid) and kernel->CopyOut(off, valid) run. With two buffers per queue the
+  // loads of one tile and the stores of the one before overlap the vector work.
+  template <typename Kernel>
+  __aicore__ inline void ForEachTile(Kernel* kernel) {
+    const uint64_t tiles = kldiv_tiling::TileCount(len_, tile_);
+    for (uint64_t i = 0; i < tiles; ++i) {
+      const uint64_t off = i * tile_;
+      const uint32_t valid = static_cast<uint32_t>(len_ - off < tile_ ? len_ - off : tile_);
+      LoadToQueue(xQue, xGm, off, valid);
+      LoadToQueue(tQue, tGm, off, valid);
+      kernel->CopyIn(off, valid);
+      kernel->Compute(valid);
+      kernel->CopyOut(off, valid);
+    }
+  }
+
+  // The oldest loaded tile, on `count` lanes: mask = its mass bits, xs / ts = its safe float32 operands
+  // (SafeOperands). Frees the tile's queue buffers.
+  __aicore__ inline void Operands(bool logTarget, uint32_t count) {
+    LocalTensor<T> xl = xQue.template DeQue<T>();
+    LocalTensor<T> tl = tQue.template DeQue<T>();
+    xs = xsBuf.Get<float>();
+    ts = tsBuf.Get<float>();
+    mask = maskBuf.Get<uint8_t>();
+    LocalTensor<float> tf = AsFloat(tl, ts, count);
+    MassMask(mask, tf, logTarget, count);
+    LocalTensor<float> xf = AsFloat(xl, xs, count);
+    SafeOperands(xs, ts, xf, tf, mask, logTarget, count);
+    xQue.FreeTensor(xl);
+    tQue.FreeTensor(tl);
+  }
+
+  TQue<QuePosition::VECIN, kldiv_tiling::kBufferNum> xQue, tQue;
+  TBuf<TPosition::VECCALC> xsBuf, tsBuf, maskBuf;
+  GlobalTensor<T> xGm, tGm;
+  LocalTensor<float> xs, ts;
+  LocalTensor<uint8_t> mask;
+  uint64_t len_ = 0;
+  uint32_t tile_ = 0;
+};
 
 }  // namespace kldiv_kernel
 

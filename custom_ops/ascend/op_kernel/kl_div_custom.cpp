@@ -30,20 +30,13 @@ class KlDivForward {
     core_ = static_cast<uint32_t>(GetBlockIdx());
     kldiv_tiling::CoreRange(n_, td.baseChunks, td.remChunks, core_, &start_, &len_);
 
-    xGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(x) + start_, len_);
-    tGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(target) + start_, len_);
+    in_.Init(pipe_, x, target, start_, len_, tile_);
     // 'none': y is elementwise; reduced: y is the one-element result, written by core 0 only.
     yGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(y) + (reduce_ ? 0 : start_), reduce_ ? 1 : len_);
     wsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace),
                           usedCores_ * kldiv_tiling::kPartialStrideBytes / sizeof(float));
-
-    pipe_.InitBuffer(xQue_, kldiv_tiling::kBufferNum, tile_ * sizeof(T));
-    pipe_.InitBuffer(tQue_, kldiv_tiling::kBufferNum, tile_ * sizeof(T));
     if (!reduce_) pipe_.InitBuffer(yQue_, kldiv_tiling::kBufferNum, tile_ * sizeof(T));
-    pipe_.InitBuffer(xsBuf_, tile_ * sizeof(float));
-    pipe_.InitBuffer(tsBuf_, tile_ * sizeof(float));
     pipe_.InitBuffer(wBuf_, tile_ * sizeof(float));
-    pipe_.InitBuffer(maskBuf_, tile_ / 8);
     if (reduce_) {
       pipe_.InitBuffer(accBuf_, tile_ * sizeof(float));
       pipe_.InitBuffer(reduceWorkBuf_, (tile_ / 64 + 8) * sizeof(float));
@@ -58,42 +51,21 @@ class KlDivForward {
       acc_ = accBuf_.Get<float>();
       Duplicate(acc_, 0.0f, tile_);
     }
-    const uint64_t tiles = kldiv_tiling::TileCount(len_, tile_);
-    for (uint64_t i = 0; i < tiles; ++i) {
-      const uint64_t off = i * tile_;
-      const uint32_t valid = static_cast<uint32_t>(len_ - off < tile_ ? len_ - off : tile_);
-      CopyIn(off, valid);
-      Compute(valid);
-      if (!reduce_) CopyOut(off, valid);
-    }
+    in_.ForEachTile(this);
     if (reduce_) FinishReduction();
   }
 
  private:
-  __aicore__ inline void CopyIn(uint64_t off, uint32_t valid) {
-    LocalTensor<T> xl = xQue_.template AllocTensor<T>();
-    LocalTensor<T> tl = tQue_.template AllocTensor<T>();
-    LoadTile(xl, xGm_[off], valid);
-    LoadTile(tl, tGm_[off], valid);
-    xQue_.EnQue(xl);
-    tQue_.EnQue(tl);
-  }
+  friend struct OperandTiles<T>;
+
+  __aicore__ inline void CopyIn(uint64_t, uint32_t) {}  // x and target only: in_ loads them
 
   __aicore__ inline void Compute(uint32_t valid) {
     const uint32_t count = kldiv_tiling::ComputeCount(valid);
-    LocalTensor<T> xl = xQue_.template DeQue<T>();
-    LocalTensor<T> tl = tQue_.template DeQue<T>();
-    LocalTensor<float> xs = xsBuf_.Get<float>();
-    LocalTensor<float> ts = tsBuf_.Get<float>();
+    in_.Operands(logTarget_, count);
+    LocalTensor<float> xs = in_.xs;
+    LocalTensor<float> ts = in_.ts;
     LocalTensor<float> w = wBuf_.Get<float>();
-    LocalTensor<uint8_t> mask = maskBuf_.Get<uint8_t>();
-
-    LocalTensor<float> tf = AsFloat(tl, ts, count);
-    MassMask(mask, tf, logTarget_, count);
-    LocalTensor<float> xf = AsFloat(xl, xs, count);
-    SafeOperands(xs, ts, xf, tf, mask, logTarget_, count);
-    xQue_.FreeTensor(xl);
-    tQue_.FreeTensor(tl);
 
     if (reduce_) {
       PointwiseLoss(w, xs, ts, logTarget_, count);
@@ -112,9 +84,7 @@ class KlDivForward {
   }
 
   __aicore__ inline void CopyOut(uint64_t off, uint32_t valid) {
-    LocalTensor<T> yl = yQue_.template DeQue<T>();
-    StoreTile(yGm_[off], yl, valid);
-    yQue_.FreeTensor(yl);
+    if (!reduce_) StoreFromQueue(yGm_, yQue_, off, valid);  // reduced: the tile only went into acc_
   }
 
   __aicore__ inline void FinishReduction() {
@@ -148,21 +118,21 @@ class KlDivForward {
     res.SetValue(0, total);
     PipeBarrier<PIPE_ALL>();
     if constexpr (IsSameType<T, float>::value) {
-      StoreTile(yGm_, res, 1);
+      StoreTile(yGm_, res, 0, 1);
     } else {
       LocalTensor<T> resT = wBuf_.Get<T>();
       Cast(resT, res, RoundMode::CAST_RINT, 1);
       PipeBarrier<PIPE_ALL>();
-      StoreTile(yGm_, resT, 1);
+      StoreTile(yGm_, resT, 0, 1);
     }
     PipeBarrier<PIPE_ALL>();
   }
 
   TPipe pipe_;
-  TQue<QuePosition::VECIN, kldiv_tiling::kBufferNum> xQue_, tQue_;
+  OperandTiles<T> in_;
   TQue<QuePosition::VECOUT, kldiv_tiling::kBufferNum> yQue_;
-  TBuf<TPosition::VECCALC> xsBuf_, tsBuf_, wBuf_, maskBuf_, accBuf_, reduceWorkBuf_, partialBuf_, outBuf_;
-  GlobalTensor<T> xGm_, tGm_, yGm_;
+  TBuf<TPosition::VECCALC> wBuf_, accBuf_, reduceWorkBuf_, partialBuf_, outBuf_;
+  GlobalTensor<T> yGm_;
   GlobalTensor<float> wsGm_;
   LocalTensor<float> acc_;
   uint64_t n_ = 0, start_ = 0, len_ = 0;

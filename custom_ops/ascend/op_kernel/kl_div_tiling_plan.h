@@ -4,31 +4,27 @@
 // This header has NO CANN dependency on purpose. Three parties include it and must agree to the element:
 //   * op_host/kl_div_custom.cpp   (host tiling function, fills the TilingData),
 //   * op_kernel/*.cpp             (the AscendC kernels recompute each core's range with the same function),
-//   * tests/tiling_capi.cpp       (a C API loaded with ctypes by the CPU unit tests and the NumPy tile model).
+//   * tests/ascend/tiling_capi.cpp (a C API loaded with ctypes by the CPU unit tests and the NumPy tile model).
 // The kernels define KLDIV_TILING_FN as `__aicore__ inline` before including it; everyone else gets `inline`.
 #ifndef KLDIV_ASCEND_TILING_PLAN_H_
 #define KLDIV_ASCEND_TILING_PLAN_H_
 
-#ifndef KLDIV_TILING_FN
-#define KLDIV_TILING_FN inline
-#include <stdint.h>
-#endif
+#include "tiling_common.h"
 
 namespace kldiv_tiling {
 
+using tiling_common::ComputeCount;  // rounded up to kCoreAlign
+using tiling_common::kApiUbReserveBytes;
+using tiling_common::kBufferNum;
+using tiling_common::kMaxTile;
+using tiling_common::kTileAlign;
+using tiling_common::TileCount;  // of a core's range
+
 // Core boundaries fall on multiples of 64 elements: 256 B of float32 (one full vector repeat of the compute
 // type) and a whole number of 32 B blocks for every IO dtype, so no two cores ever write the same 32 B block.
-constexpr uint32_t kCoreAlign = 64;
-// Tiles are multiples of 256 elements so that the 1-bit-per-element select mask (tile / 8 bytes) is itself a
-// whole number of 32 B blocks.
-constexpr uint32_t kTileAlign = 256;
-constexpr uint32_t kBufferNum = 2;          // double buffering of every queue
-constexpr uint32_t kMaxTile = 16384;        // beyond this, bigger tiles buy nothing measurable and cost tail latency
+constexpr uint32_t kCoreAlign = tiling_common::kComputeAlign;
 // Below this many elements per core, starting one more core costs more than it saves.
 constexpr uint32_t kMinElemsPerCore = 4096;
-// The top 8 KiB of the UB belong to the AscendC library on Atlas A2 and 310P: it writes its own temporaries
-// there (Select's scalar block, for one), impl/basic_api/utils/kernel_utils_constants.h TMP_UB_OFFSET.
-constexpr uint32_t kApiUbReserveBytes = 8192;
 // UB kept out of the tile budget for our own small buffers: the per-core partial, the final pass over all
 // cores' partials (<= kMaxCores * 32 B), the ReduceSum work area's fixed part; 2112 B at most.
 constexpr uint32_t kUbReserveBytes = 4096;
@@ -72,20 +68,14 @@ KLDIV_TILING_FN uint32_t BitsPerElement(uint32_t mode, uint32_t io) {
   return bytes * 8 + 1 + (mode == kForwardReduce ? 8 * f32 / 64 : 0);
 }
 
-// Largest tile (multiple of kTileAlign, <= kMaxTile) whose buffers fit in ubBytes less both reserves; 0 if even
-// one does not.
+// Largest tile whose buffers fit the UB (tiling_common.h FitTile); 0 if even one does not.
 KLDIV_TILING_FN uint32_t TileLength(uint32_t mode, uint32_t io, uint32_t ubBytes) {
-  if (ubBytes <= kApiUbReserveBytes + kUbReserveBytes) return 0;
-  const uint64_t budgetBits = static_cast<uint64_t>(ubBytes - kApiUbReserveBytes - kUbReserveBytes) * 8;
-  uint64_t tile = budgetBits / BitsPerElement(mode, io);
-  tile -= tile % kTileAlign;
-  return static_cast<uint32_t>(tile > kMaxTile ? kMaxTile : tile);
+  return tiling_common::FitTile(ubBytes, kUbReserveBytes, BitsPerElement(mode, io));
 }
 
-// UB bytes the kernel's InitBuffer calls add up to for a tile length (each buffer rounded up to 32 B).
+// UB bytes the kernel's InitBuffer calls add up to for a tile length.
 KLDIV_TILING_FN uint32_t UbBytesUsed(uint32_t mode, uint32_t io, uint32_t tile) {
-  const uint32_t bits = BitsPerElement(mode, io);
-  return static_cast<uint32_t>((static_cast<uint64_t>(tile) * bits + 7) / 8) + kUbReserveBytes;
+  return tiling_common::TileUbBytes(tile, BitsPerElement(mode, io), kUbReserveBytes);
 }
 
 // Fills *plan; returns false when the inputs cannot be tiled (unknown dtype size, UB too small, no cores).
@@ -124,15 +114,6 @@ KLDIV_TILING_FN void CoreRange(uint64_t n, uint64_t baseChunks, uint32_t remChun
   if (e > n) e = n;
   *start = s;
   *len = e - s;
-}
-
-// Number of tiles for a core of `len` elements; the last one holds len - (tiles - 1) * tile elements.
-KLDIV_TILING_FN uint64_t TileCount(uint64_t len, uint32_t tile) { return (len + tile - 1) / tile; }
-
-// Elements the vector instructions of a tile of `valid` elements process: rounded up to kCoreAlign (one
-// float32 repeat). Lanes past `valid` hold stale data; they are never stored and never summed.
-KLDIV_TILING_FN uint32_t ComputeCount(uint32_t valid) {
-  return (valid + kCoreAlign - 1) / kCoreAlign * kCoreAlign;
 }
 
 // The factor the reduced sum is multiplied by, from the shape the operator sees (numel, first dim).
