@@ -139,13 +139,11 @@ class _ChunkLoop(nn.Cell):
     """One pass of the chunk loop (``_ChunkStep`` as its body) over the inputs of ``_FusedCore``: (loss, d hs, d ws,
     d bs, d ht, d wt, d bt), a 0-d zero for what this pass does not compute (no [V, H] buffer is held for it)."""
 
-    def __init__(self, step, student, teacher, chunk_size, chunk_bytes):
+    def __init__(self, step, chunk_size, chunk_bytes):
         super().__init__()
         self.step = step
-        self.student = student
-        self.teacher = teacher
-        self.chunk_size = chunk_size
-        self.chunk_bytes = chunk_bytes
+        self.student, self.teacher = step.student, step.teacher  # which accumulators the carry holds
+        self.chunk_size, self.chunk_bytes = chunk_size, chunk_bytes
 
     def construct(self, hs, ws, bs, ht, wt, bt, labels, count):
         f32 = ms.float32
@@ -187,8 +185,7 @@ class _FusedCore(nn.Cell):
         args = (kernels, temperature, beta, ignore_index, hard_weight, soft_weight)
 
         def chunk_loop(student, teacher):
-            return _ChunkLoop(_ChunkStep(*args, student, teacher, teacher_logits), student, teacher, chunk_size,
-                              chunk_bytes)
+            return _ChunkLoop(_ChunkStep(*args, student, teacher, teacher_logits), chunk_size, chunk_bytes)
 
         self.student_loop = chunk_loop(True, False)
         self.with_gradients = _WithGradients(self.teacher_grad)

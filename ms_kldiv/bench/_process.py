@@ -73,3 +73,19 @@ def save_records(path, records):
     if path:
         with open(path, "w", encoding="utf-8") as f:
             json.dump(records, f, indent=1)
+
+
+def rows_to_run(spec):
+    """The comma-separated row keys of ``spec``, less 'torch' where torch cannot be imported."""
+    rows = [r for r in spec.split(",") if r]
+    if "torch" in rows:
+        try:
+            import torch  # noqa: F401  (imported before timing: its OpenMP runtime is then loaded)
+        except ImportError:
+            rows.remove("torch")
+    return rows
+
+
+def print_row(*cells):
+    """One Markdown table row; a record with an error fills the row with it."""
+    print("| " + " | ".join(str(c) for c in cells) + " |", flush=True)

@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from ._process import fmt_bytes, in_child, measure, save_records
+from ._process import fmt_bytes, in_child, measure, print_row, rows_to_run, save_records
 
 SIZES = ("4096x32000", "1024x151936", "256x262144")
 ROWS = ("fused", "composition", "ms_ops", "torch", "stream")
@@ -135,12 +135,7 @@ def main(argv=None):
         row, n, v, dtype_name, beta, mode, repeats = args.child
         print(json.dumps(run_child(row, int(n), int(v), dtype_name, float(beta), mode, int(repeats))), flush=True)
         return 0
-    rows = [r for r in args.rows.split(",") if r]
-    if "torch" in rows:
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            rows.remove("torch")
+    rows = rows_to_run(args.rows)
     records = []
     print("| rows x V | dtype | beta | mode | row | seconds | peak above inputs | x logits | time vs fused |")
     print("|---|---|---:|---|---|---:|---:|---:|---:|")
@@ -155,14 +150,14 @@ def main(argv=None):
                     fused = recs.get("fused", {})
                     for r, rec in recs.items():
                         records.append(rec)
+                        key = (size, dtype_name, f"{beta:g}", mode, r)
                         if "error" in rec:
-                            print(f"| {size} | {dtype_name} | {beta:g} | {mode} | {r} | failed: {rec['error']} | | | |")
+                            print_row(*key, f"failed: {rec['error']}", "", "", "")
                             continue
                         ratio = f"{rec['seconds'] / fused['seconds']:.2f}x" if fused.get("seconds") else "-"
                         mult = (f"{rec['peak_bytes'] / rec['logits_bytes']:.2f}" if rec["peak_bytes"] is not None
                                 else "-")
-                        print(f"| {size} | {dtype_name} | {beta:g} | {mode} | {r} | {rec['seconds']:.4f} | "
-                              f"{fmt_bytes(rec['peak_bytes'], 2**20, 'MB')} | {mult} | {ratio} |", flush=True)
+                        print_row(*key, f"{rec['seconds']:.4f}", fmt_bytes(rec['peak_bytes'], 2**20, 'MB'), mult, ratio)
     save_records(args.json, records)
     return 0
 

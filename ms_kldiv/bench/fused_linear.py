@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from ._process import available_bytes, fmt_bytes, in_child, measure, save_records
+from ._process import available_bytes, fmt_bytes, in_child, measure, print_row, rows_to_run, save_records
 
 SIZES = ((4096, 1024, 32000), (8192, 1024, 131072), (4096, 1024, 262144))
 ROWS = ("fused", "fused_pynative", "matmuls", "kernels", "composition", "composition_unfused", "torch")
@@ -170,12 +170,7 @@ def main(argv=None):
         rec = run_child(row, int(n), int(h), int(v), dtype_name, int(repeats), int(chunk) or None)
         print(json.dumps(rec), flush=True)
         return 0
-    rows = [r for r in args.rows.split(",") if r]
-    if "torch" in rows:
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            rows.remove("torch")
+    rows = rows_to_run(args.rows)
     records = []
     per_element = None  # the unchunked composition's peak bytes per N x V element, once measured
     print("| N x H x V | dtype | row | compile s | fwd+bwd s | peak above inputs | time vs matmuls + kernels |")
@@ -199,15 +194,14 @@ def main(argv=None):
                 if all(recs.get(r, {}).get("seconds") for r in FLOOR) else None
             for r, rec in recs.items():
                 records.append(rec)
-                if rec.get("skipped"):
-                    print(f"| {size} | {dtype_name} | {r} | | not run: needs about {fmt_bytes(rec['needs_bytes'])} | | |")
-                    continue
-                if "error" in rec:
-                    print(f"| {size} | {dtype_name} | {r} | failed: {rec['error']} | | | |")
+                if rec.get("skipped") or "error" in rec:
+                    why = f"not run: needs about {fmt_bytes(rec['needs_bytes'])}" if rec.get("skipped") else \
+                        f"failed: {rec['error']}"
+                    print_row(size, dtype_name, r, "", why, "", "")
                     continue
                 ratio = f"{rec['seconds'] / floor:.2f}x" if floor else "-"
-                print(f"| {size} | {dtype_name} | {r} | {rec['compile_seconds']:.1f} | {rec['seconds']:.3f} | "
-                      f"{fmt_bytes(rec['peak_bytes'])} | {ratio} |", flush=True)
+                print_row(size, dtype_name, r, f"{rec['compile_seconds']:.1f}", f"{rec['seconds']:.3f}",
+                          fmt_bytes(rec['peak_bytes']), ratio)
     save_records(args.json, records)
     return 0
 
