@@ -155,6 +155,7 @@ class _OneGradient(nn.Cell):
         return res
 
 
+@pytest.mark.isa_independent
 def test_compiled_tells_pynative_from_graph():
     from ms_kldiv.backends import compiled
     x = Tensor(np.ones(3, np.float32))
@@ -166,6 +167,7 @@ def test_compiled_tells_pynative_from_graph():
     assert to_numpy(ms.jit(probe)(x)).tolist() == [2, 2, 2]    # compiled
 
 
+@pytest.mark.isa_independent
 def test_compiled_code_gets_the_split_backward():
     from ms_kldiv.backends import get_op
     eager, graph = get_op("aot", "sum", False), get_op("aot", "sum", False, graph=True)
@@ -296,6 +298,7 @@ print('OK')
 """
 
 
+@pytest.mark.isa_independent
 @pytest.mark.parametrize("how", ["library_missing", "no_compiler"])
 def test_fallback_without_library(tmp_path, how):
     env = {"MS_KLDIV_CACHE": str(tmp_path / "cache")}
@@ -375,6 +378,7 @@ print(bad)
 """
 
 
+@pytest.mark.isa_independent
 @pytest.mark.parametrize("threads", ["1", "2", "7"])
 def test_pool_runs_every_chunk_exactly_once(tmp_path, threads):
     # Participants own contiguous runs of chunks and take halves of each other's runs when theirs is used up; 7
@@ -417,6 +421,7 @@ print((sorted(allowed), masks))
 """
 
 
+@pytest.mark.isa_independent
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="steering needs two CPUs to choose from")
 @pytest.mark.parametrize("steer", ["1", "0"])
 def test_pool_steers_its_worker_off_the_callers_cpu(tmp_path, steer):

@@ -6,6 +6,8 @@ the choice, so here each narrower unit runs tests/test_aot_kernel.py and tests/t
 gradients against the float64 reference in PyNative and compiled modes, every dtype, broadcast patterns, sizes around
 the vector/block/thread boundaries, special values in lean and exact blocks, the log's accuracy sweep, the host call
 against the primitive) in a subprocess of its own. A unit this CPU cannot run is reported as skipped, with the reason.
+Tests marked ``isa_independent`` (no library, Python only, the pool's diagnostics) are not rerun: the main run has
+checked them, and no unit takes part in them.
 """
 import os
 import sys
@@ -44,6 +46,7 @@ def test_kernel_suite_on_each_isa(isa, tmp_path):
     work.mkdir()
     assert _isa_in_subprocess(isa, str(work)) == isa  # MS_KLDIV_ISA really selects the unit
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+           "-m", "not isa_independent",
            os.path.join(TESTS, "test_aot_kernel.py"), os.path.join(TESTS, "test_host_call.py")]
     proc = _procs.run(cmd, 1200, cwd=str(work),
                       env=_procs.with_repo_path(dict(os.environ, MS_KLDIV_ISA=isa)))
