@@ -9,7 +9,6 @@
 """
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -24,6 +23,7 @@ from ms_kldiv.backends import akg as akg_mod
 from ms_kldiv.backends import _REGISTRY, resolve
 
 from conftest import TOL, assert_close, check_outcomes, make, run, run_second_order, to_numpy
+import _procs
 
 F32 = ms.float32
 F64 = ms.float64
@@ -213,8 +213,7 @@ def test_fresh_process_leaves_cwd_empty(tmp_path):
     env.setdefault("GLOG_v", "3")
     script = tmp_path / "child.py"  # graph mode needs the source in a file
     script.write_text(_CHILD)
-    proc = subprocess.run([sys.executable, str(script)], cwd=work, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = _procs.run([sys.executable, str(script)], 600, cwd=work, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
     info = json.loads(line[len("RESULT"):])

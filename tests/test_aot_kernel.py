@@ -4,7 +4,6 @@ boundaries, every dtype, special values, dynamic shapes, second order vs composi
 reference, in PyNative and compiled (ms.jit functional, GRAPH_MODE Cell)."""
 import ast
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -14,9 +13,12 @@ import mindspore as ms
 from mindspore import Tensor, nn
 
 import ms_kldiv
+from ms_kldiv import _build
 from ms_kldiv import reference as ref
 from conftest import (DTYPES, DTYPE_IDS, assert_close, check_outcomes, cpu_isa, graph_mode, make, reference, run,
                       run_second_order, to_numpy)
+import _libs
+import _procs
 
 AOT = {r["name"]: r for r in ms_kldiv.backend_info()}.get("aot", {})
 pytestmark = pytest.mark.skipif(not AOT.get("available"), reason=f"aot backend unavailable: {AOT.get('reason')}")
@@ -137,17 +139,23 @@ def test_float32_log_accuracy_sweep(mode):
 
 
 class _OneGradient(nn.Cell):
-    """value_and_grad of the loss w.r.t. one operand only: in compiled code the other gradient's op is unused."""
+    """value_and_grad of the loss w.r.t. one operand only, for every reduction: in compiled code the other gradient's
+    op is unused. The reductions share one graph, so a shape compiles once, not once per reduction."""
 
-    def __init__(self, reduction, log_target, which):
+    def __init__(self, log_target, which):
         super().__init__()
-        self.loss = ms_kldiv.KLDivLoss(reduction, log_target, backend="aot")
-        self.grad = ms.value_and_grad(self.loss, grad_position=which)
+        self.losses = nn.CellList([ms_kldiv.KLDivLoss(r, log_target, backend="aot") for r in ref.REDUCTIONS])
+        self.which = which
+        self.n = len(ref.REDUCTIONS)
 
     def construct(self, x, t):
-        return self.grad(x, t)
+        res = ()
+        for i in range(self.n):
+            res = res + (ms.value_and_grad(self.losses[i], grad_position=self.which)(x, t),)
+        return res
 
 
+@pytest.mark.isa_independent
 def test_compiled_tells_pynative_from_graph():
     from ms_kldiv.backends import compiled
     x = Tensor(np.ones(3, np.float32))
@@ -159,6 +167,7 @@ def test_compiled_tells_pynative_from_graph():
     assert to_numpy(ms.jit(probe)(x)).tolist() == [2, 2, 2]    # compiled
 
 
+@pytest.mark.isa_independent
 def test_compiled_code_gets_the_split_backward():
     from ms_kldiv.backends import get_op
     eager, graph = get_op("aot", "sum", False), get_op("aot", "sum", False, graph=True)
@@ -169,29 +178,29 @@ def test_compiled_code_gets_the_split_backward():
 
 @pytest.mark.parametrize("mode", ["jit", "graph"])
 @pytest.mark.parametrize("which", [0, 1], ids=["d_input", "d_target"])
-@pytest.mark.parametrize("reduction", ref.REDUCTIONS)
 @pytest.mark.parametrize("log_target", [False, True], ids=["prob", "logt"])
-def test_single_gradient_ops_in_compiled_code(mode, which, reduction, log_target):
+def test_single_gradient_ops_in_compiled_code(mode, which, log_target):
     # Compiled code runs the single-gradient kernels (KLDivBwdInput / KLDivBwdTarget) when one gradient is
-    # asked for; both broadcast directions exercise their reduced-operand paths.
+    # asked for; both broadcast directions exercise their reduced-operand paths. Every reduction, in one graph.
     rng = np.random.default_rng(11 + which)
+    cell = _OneGradient(log_target, which)
     for xs, ts in (((4, 1, 300), (3, 1)), ((2, 300), (2, 300)), ((5, 1), (2, 5, 300))):
         x, t = _data(xs, ts, log_target, rng)
         xt, xv = make(x, ms.float32)
         tt, tv = make(t, ms.float32)
-        cell = _OneGradient(reduction, log_target, which)
         if mode == "graph":
             with graph_mode():
-                out, grad = cell(xt, tt)
+                res = cell(xt, tt)
         else:
-            out, grad = ms.jit(cell)(xt, tt)
-        exp = reference(xv, tv, reduction, log_target)
-        what = f"{mode} {reduction} {xs} vs {ts}"
-        assert_close(to_numpy(out), exp.out, ms.float32, exp.out_mag, what=what + " value")
-        if which == 0:
-            assert_close(to_numpy(grad), exp.dx, ms.float32, exp.dx_mag, what=what + " d_input")
-        else:
-            assert_close(to_numpy(grad), exp.dt, ms.float32, exp.dt_mag, what=what + " d_target")
+            res = ms.jit(cell)(xt, tt)
+        for reduction, (out, grad) in zip(ref.REDUCTIONS, res):
+            exp = reference(xv, tv, reduction, log_target)
+            what = f"{mode} {reduction} {xs} vs {ts}"
+            assert_close(to_numpy(out), exp.out, ms.float32, exp.out_mag, what=what + " value")
+            if which == 0:
+                assert_close(to_numpy(grad), exp.dx, ms.float32, exp.dx_mag, what=what + " d_input")
+            else:
+                assert_close(to_numpy(grad), exp.dt, ms.float32, exp.dt_mag, what=what + " d_target")
 
 
 class _Loss(nn.Cell):
@@ -243,13 +252,20 @@ def test_second_order_matches_composite(mode, log_target):
             np.testing.assert_allclose(to_numpy(g), to_numpy(w), rtol=1e-5, atol=1e-5, err_msg=f"{r}")
 
 
-@pytest.mark.parametrize("mode", ["pynative", "jit"])
-def test_float32_sum_accuracy_32m(mode):
+@pytest.fixture(scope="module")
+def data_32m():
+    """32M float32 operands and their float64 'sum': both modes check the same data, drawn and summed once (and
+    freed with the module)."""
     n = 32 << 20
     rng = np.random.default_rng(5)
     x = rng.standard_normal(n, dtype=np.float32) - 3.0
     t = rng.random(n, dtype=np.float32)
-    want = float(ref.kl_div(x, t, "sum"))
+    return x, t, float(ref.kl_div(x, t, "sum"))
+
+
+@pytest.mark.parametrize("mode", ["pynative", "jit"])
+def test_float32_sum_accuracy_32m(mode, data_32m):
+    x, t, want = data_32m
     fn = (lambda a, b: ms_kldiv.kl_div(a, b, "sum", backend="aot"))
     if mode == "jit":
         fn = ms.jit(fn)
@@ -258,9 +274,8 @@ def test_float32_sum_accuracy_32m(mode):
 
 
 def _python(code, env_extra, cwd, timeout=300):
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), **env_extra)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=cwd,
-                          timeout=timeout)
+    return _procs.run([sys.executable, "-c", code], timeout, env=_procs.with_repo_path(dict(os.environ, **env_extra)),
+                      cwd=cwd)
 
 
 FALLBACK = r"""
@@ -283,6 +298,7 @@ print('OK')
 """
 
 
+@pytest.mark.isa_independent
 @pytest.mark.parametrize("how", ["library_missing", "no_compiler"])
 def test_fallback_without_library(tmp_path, how):
     env = {"MS_KLDIV_CACHE": str(tmp_path / "cache")}
@@ -299,9 +315,8 @@ def test_fallback_without_library(tmp_path, how):
     assert os.listdir(work) == [], os.listdir(work)
 
 
-DETERMINISM = r"""
+DETERMINISM = _procs.LOAD_BUILD + r"""
 import ctypes, sys, numpy as np
-from ms_kldiv import _build
 lib = ctypes.CDLL(_build.ensure_library('CPU'))
 n = 3 * (1 << 20) + 7
 rng = np.random.default_rng(1)
@@ -317,6 +332,7 @@ print(o.view(np.uint32))
 
 
 def test_sum_is_bitwise_independent_of_thread_count(tmp_path):
+    _libs.library("CPU")  # built here, not under a child's timeout
     outs = []
     for threads in ("1", "2", "3"):
         proc = _python(DETERMINISM, {"MS_KLDIV_NUM_THREADS": threads}, str(tmp_path))
@@ -336,6 +352,7 @@ def test_sum_is_bitwise_independent_of_prefetch(tmp_path):
     # what is added. Unset or unreadable, the default: 2048 on Intel CPUs, 0 elsewhere.
     with open("/proc/cpuinfo", encoding="utf-8") as f:
         default = "2048" if "GenuineIntel" in f.read() else "0"
+    _libs.library("CPU")
     sums = set()
     for pf, expect in (("0", "0"), ("64", "64"), ("2048", "2048"), ("65536", "65536"), ("junk", default),
                        ("", default)):
@@ -347,9 +364,8 @@ def test_sum_is_bitwise_independent_of_prefetch(tmp_path):
     assert len(sums) == 1, sums
 
 
-POOL_CHECK = r"""
+POOL_CHECK = _procs.LOAD_BUILD + r"""
 import ctypes, threading
-from ms_kldiv import _build
 lib = ctypes.CDLL(_build.ensure_library(_build.DIAGNOSTICS))  # the pool check is a diagnostics export
 lib.KLDivPoolCheck.restype = ctypes.c_int
 bad = {}
@@ -362,21 +378,23 @@ print(bad)
 """
 
 
+@pytest.mark.isa_independent
 @pytest.mark.parametrize("threads", ["1", "2", "7"])
 def test_pool_runs_every_chunk_exactly_once(tmp_path, threads):
     # Participants own contiguous runs of chunks and take halves of each other's runs when theirs is used up; 7
     # threads on this 2-core machine are preempted all the time, so chunks change hands often. Five callers at
     # once also exercise the one-region-at-a-time lock.
-    # (A chunk run twice or never leaves the caller waiting for a count it never sees: the timeout fails the test.)
+    # (A chunk run twice or never leaves the caller waiting for a count it never sees: the timeout fails the test.
+    # The diagnostics library is built before, in this process: its build must not count against that timeout.)
+    _libs.library(_build.DIAGNOSTICS)
     proc = _python(POOL_CHECK, {"MS_KLDIV_NUM_THREADS": threads}, str(tmp_path), timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     # chunks that did not run exactly once, per caller's chunk count
     assert ast.literal_eval(proc.stdout.strip()) == {2: 0, 3: 0, 17: 0, 255: 0, 256: 0}, proc.stdout
 
 
-STEER_CHECK = r"""
+STEER_CHECK = _procs.LOAD_BUILD + r"""
 import ctypes, os, time
-from ms_kldiv import _build
 lib = ctypes.CDLL(_build.ensure_library(_build.DIAGNOSTICS))  # the pool check is a diagnostics export
 lib.KLDivPoolCheck.restype = ctypes.c_int
 allowed = os.sched_getaffinity(0)
@@ -403,11 +421,13 @@ print((sorted(allowed), masks))
 """
 
 
+@pytest.mark.isa_independent
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="steering needs two CPUs to choose from")
 @pytest.mark.parametrize("steer", ["1", "0"])
 def test_pool_steers_its_worker_off_the_callers_cpu(tmp_path, steer):
     # A worker that last slept on the caller's CPU is allowed every CPU but that one before it is woken (some
     # schedulers wake it there even while the caller keeps that CPU busy); MS_KLDIV_STEER_WORKERS=0 leaves it alone.
+    _libs.library(_build.DIAGNOSTICS)
     proc = _python(STEER_CHECK, {"MS_KLDIV_NUM_THREADS": "2", "MS_KLDIV_STEER_WORKERS": steer}, str(tmp_path),
                    timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

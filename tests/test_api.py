@@ -60,8 +60,9 @@ def test_backends_is_the_subpackage():
     mod = importlib.import_module("ms_kldiv.backends")
     assert ms_kldiv.backends is mod and mod.__name__ == "ms_kldiv.backends"
     code = "import ms_kldiv.backends as b; print(b.__name__)"
-    import subprocess, sys
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    import sys
+    import _procs
+    out = _procs.run([sys.executable, "-c", code], 300)
     assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "ms_kldiv.backends", out.stderr[-2000:]
 
 

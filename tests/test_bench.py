@@ -1,8 +1,9 @@
 """The benchmark CLI runs end to end (tiny sizes) and writes its JSON; timings themselves are never asserted."""
 import json
 import os
-import subprocess
 import sys
+
+import _procs
 
 
 def test_bench_cli_smoke(tmp_path):
@@ -11,8 +12,7 @@ def test_bench_cli_smoke(tmp_path):
            "--rows", "aot,aot_jit,composite_jit,akg_jit,ops_jit", "--min-time", "0.01", "--json", str(out),
            "--paired-ref", "ops_jit", "--paired-rows", "aot_jit"]
     # GLOG_v=2: MindSpore's warnings on (the suite quiets them), so that the check below can fail
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, GLOG_v="2"))
+    proc = _procs.run(cmd, 600, cwd=tmp_path, env=dict(os.environ, GLOG_v="2"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ms_kldiv aot (ms.jit)" in proc.stdout and "mindspore ops.kl_div (ms.jit)" in proc.stdout
     assert "has been compiled again" not in proc.stderr  # one ms.jit function per row, by design: not reported
@@ -33,9 +33,8 @@ def test_bench_cli_smoke(tmp_path):
 
 def test_bench_cli_without_context(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-m", "ms_kldiv.bench", "--sizes", "4K", "--modes", "fwd", "--no-torch",
-                           "--rows", "aot", "--min-time", "0.01", "--no-context", "--json", str(out)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = _procs.run([sys.executable, "-m", "ms_kldiv.bench", "--sizes", "4K", "--modes", "fwd", "--no-torch",
+                       "--rows", "aot", "--min-time", "0.01", "--no-context", "--json", str(out)], 300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert all("ms_context" not in r for r in json.loads(out.read_text())["results"])
     assert "in context" not in proc.stdout
@@ -166,8 +165,7 @@ def test_split_of_middle_pairs_adds_up_to_the_middle_total():
 
 def _subcommand(tmp_path, *args):
     out = tmp_path / "records.json"
-    proc = subprocess.run([sys.executable, "-m", "ms_kldiv.bench", *args, "--json", str(out)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=900)
+    proc = _procs.run([sys.executable, "-m", "ms_kldiv.bench", *args, "--json", str(out)], 900, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = json.loads(out.read_text())
     assert records and all("error" not in r and r["seconds"] > 0 for r in records), records

@@ -14,6 +14,8 @@ import pytest
 from ms_kldiv import _build
 
 from conftest import distill_abi_kernels
+import _libs
+import _procs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STUDY = os.path.join(ROOT, "benchmarks", "kldiv_roofline.py")
@@ -25,8 +27,8 @@ def _python(code, tmp_path, timeout=600):
     script = tmp_path / "check.py"
     script.write_text(code)
     env = dict(os.environ, GLOG_v="3")
-    return subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    _libs.library(_build.DIAGNOSTICS)  # what the study loads: built here, not under the child's timeout
+    return _procs.run([sys.executable, str(script)], timeout, cwd=tmp_path, env=env)
 
 
 def _abi_exports():
@@ -51,8 +53,8 @@ def _exported(path):
 
 @pytest.mark.skipif(subprocess.run(["which", "nm"], capture_output=True).returncode != 0, reason="no nm (binutils)")
 def test_production_library_exports_the_abi_alone():
-    prod = _exported(_build.ensure_library("CPU"))
-    diag = _exported(_build.ensure_library(_build.DIAGNOSTICS))
+    prod = _exported(_libs.library("CPU"))
+    diag = _exported(_libs.library(_build.DIAGNOSTICS))
     assert not prod & DIAGNOSTICS, prod & DIAGNOSTICS
     assert diag - prod == DIAGNOSTICS
     # what remains is the ABI: KLDiv<Fwd|Bwd|BwdInput|BwdTarget><Reduction><Space> (+ InferShape) and KLDivLibInfo
@@ -127,9 +129,10 @@ def test_library_span_brackets_the_kernel_in_both_modes(tmp_path):
 
 def test_study_cli_pairs_and_splits(tmp_path):
     out = tmp_path / "study.json"
-    proc = subprocess.run([sys.executable, STUDY, "--sizes", "4K", "--modes", "fwd,grad", "--no-torch", "--no-context",
-                           "--rows", "aot_jit,aot_kernel,composite_jit,roofline,jit_floor", "--min-time", "0.01",
-                           "--json", str(out)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    _libs.library(_build.DIAGNOSTICS)
+    proc = _procs.run([sys.executable, STUDY, "--sizes", "4K", "--modes", "fwd,grad", "--no-torch", "--no-context",
+                       "--rows", "aot_jit,aot_kernel,composite_jit,roofline,jit_floor", "--min-time", "0.01",
+                       "--json", str(out)], 600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
     assert "stream read (C++, same threads)" in json.dumps(data)

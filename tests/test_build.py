@@ -10,6 +10,9 @@ import pytest
 
 from ms_kldiv import _build
 
+import _libs
+import _procs
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAVE_CXX = _build._cxx() is not None
 needs_cxx = pytest.mark.skipif(not HAVE_CXX, reason="no C++ compiler on this machine")
@@ -21,7 +24,7 @@ VARIANTS = [f"{r}{s}" for s in ("Prob", "Log") for r in ("None", "Sum", "Mean", 
 def built_lib():
     if not HAVE_CXX:
         pytest.skip("no C++ compiler on this machine")
-    return _build.ensure_library("CPU")
+    return _libs.library("CPU")
 
 
 @needs_cxx
@@ -93,24 +96,24 @@ def test_damaged_library_falls_back_without_crashing(built_lib, tmp_path, how):
     assert os.listdir(work) == []
 
 
-REBUILD = r"""
+REBUILD = _procs.LOAD_BUILD + r"""
 import os
-from ms_kldiv import _build
 src = _build.source_hash("CPU")
 cached = os.path.join(os.environ["MS_KLDIV_CACHE"], "lib", src, _build.LIB_NAMES["CPU"])
 good = os.environ["GOOD_LIB"]
 os.makedirs(os.path.dirname(cached), exist_ok=True)
 data = open(good, "rb").read()
 open(cached, "wb").write(data[: len(data) // 3])          # what an interrupted write leaves
-open(cached + ".stamp", "w").write(open(good + ".stamp").read())
-import ms_kldiv._build as b
-installed = b._candidates
-b._candidates = lambda device, expected: installed(device, expected)[-1:]   # the cache only, not an installed copy
+# the good library's stamp, naming these sources (the compiler is part of them): only the library is damaged
+fingerprint = open(good + ".stamp").read().split("\n")[1]
+open(cached + ".stamp", "w").write(f"{src}\n{fingerprint}\n")
+installed = _build._candidates
+_build._candidates = lambda device, expected: installed(device, expected)[-1:]   # the cache only, not an installed copy
 logs = []
-path = b.ensure_library("CPU", log=logs.append)
-assert path == cached and b._stamp_ok(path, src), path
+path = _build.ensure_library("CPU", log=logs.append)
+assert path == cached and _build._stamp_ok(path, src), path
 assert any("does not match its build stamp" in m for m in logs), logs
-assert b.library_info(path).startswith("libkldiv_cpu abi=1")
+assert _build.library_info(path).startswith("libkldiv_cpu abi=1")
 print("OK")
 """
 
@@ -118,10 +121,16 @@ print("OK")
 @needs_cxx
 @pytest.mark.slow
 def test_damaged_cached_library_is_rebuilt(built_lib, tmp_path):
+    # What is under test is the cache (the stamp check, the rebuild in place, its new stamp), not the compiler: a
+    # stand-in "links" by copying the session's library (a real build: test_build_one_into_a_folder).
     from test_aot_kernel import _python
-    proc = _python(REBUILD, {"MS_KLDIV_CACHE": str(tmp_path / "cache"), "GOOD_LIB": built_lib,
-                             "MS_KLDIV_SOURCE_DIR": os.path.join(REPO, "custom_ops")}, str(tmp_path), timeout=600)
+    env = {"MS_KLDIV_CACHE": str(tmp_path / "cache"), "GOOD_LIB": built_lib,
+           "MS_KLDIV_SOURCE_DIR": os.path.join(REPO, "custom_ops"), "FAKE_CXX_SECONDS": "0",
+           **_libs.stand_in_compiler(tmp_path, built_lib)}
+    proc = _python(REBUILD, env, str(tmp_path), timeout=600)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    with open(env["FAKE_CXX_LOG"], encoding="utf-8") as f:
+        assert sum(ln.startswith("link-end") for ln in f) == 1  # rebuilt, once
 
 
 @needs_cxx
@@ -163,7 +172,7 @@ def test_read_bandwidth_tool_reads_every_element_once(built_lib, tmp_path):
                            os.path.join(REPO, "custom_ops", "cpu"), "-o", str(exe), tool],
                           capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    proc = subprocess.run([str(exe), "--check"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    proc = _procs.run([str(exe), "--check"], 120, cwd=tmp_path)
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0 and not any("MISMATCH" in ln for ln in lines), proc.stdout
     cpus = min(os.cpu_count() or 1, 64)
@@ -228,7 +237,7 @@ def test_log_table_header_is_what_fit_logf_prints():
     tables and polynomial that tools/fit_logf.py derives: the tables exactly."""
     import re
     tool = os.path.join(REPO, "tools", "fit_logf.py")
-    proc = subprocess.run([sys.executable, tool], capture_output=True, text=True, timeout=600)
+    proc = _procs.run([sys.executable, tool], 600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     printed = dict(ln.split(" = ", 1) for ln in proc.stdout.splitlines() if " = " in ln)
     with open(os.path.join(REPO, "custom_ops", "cpu", "kldiv_logf_table.h"), encoding="utf-8") as f:

@@ -4,11 +4,11 @@ custom_kernel_meta/, akg_kernel_meta/, kernel_build_tmp.key, dsa_transfrom.log, 
 Runs in a fresh interpreter, in an empty temporary cwd, without the MS_OM_PATH/MS_COMPILER_CACHE_PATH a
 developer may have exported, so that only the package's own redirection is tested."""
 import os
-import subprocess
 import sys
 import textwrap
 
 import ms_kldiv
+import _procs
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(ms_kldiv.__file__)))
 
@@ -59,8 +59,7 @@ def test_running_leaves_cwd_empty(backend, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("MS_OM_PATH", "MS_COMPILER_CACHE_PATH")}
     env["PYTHONPATH"] = os.pathsep.join([PACKAGE_ROOT] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.setdefault("GLOG_v", "3")
-    proc = subprocess.run([sys.executable, str(script), backend], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = _procs.run([sys.executable, str(script), backend], 300, cwd=cwd, env=env)
     assert proc.returncode == 0 and "done" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
     left = sorted(os.listdir(cwd))
     assert left == [], f"files left in the working directory: {left}"

@@ -1,7 +1,6 @@
 """The supported MindSpore range (ms_kldiv/_compat.py): version parsing, the import-time check, and which
 MindSpore this run is on (the CI's compatibility runs set MS_KLDIV_EXPECT_MINDSPORE)."""
 import os
-import subprocess
 import sys
 
 import pytest
@@ -9,6 +8,7 @@ import pytest
 import mindspore as ms
 
 from ms_kldiv import _compat
+import _procs
 
 
 @pytest.mark.parametrize("text, parsed", [("2.10.0", (2, 10, 0)), ("2.7.1.post1", (2, 7, 1)), ("2.7", (2, 7, 0)),
@@ -49,7 +49,7 @@ _FAKE_VERSION = ("import importlib.metadata as m\n"
 @pytest.mark.parametrize("fake", ["2.6.0", "2.11.0"])
 def test_unsupported_mindspore_fails_at_import(fake):
     code = _FAKE_VERSION.format(fake=fake) + "import ms_kldiv\n"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    proc = _procs.run([sys.executable, "-c", code], 300)
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: ms_kldiv supports MindSpore >=2.7,<2.11") and fake in last
@@ -64,6 +64,6 @@ def test_override_turns_the_error_into_a_warning():
             "    import ms_kldiv\n"
             "print(sum('2.11.0' in str(x.message) for x in w))\n")
     env = dict(os.environ, MS_KLDIV_ALLOW_ANY_MINDSPORE="1")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    proc = _procs.run([sys.executable, "-c", code], 300, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "1"

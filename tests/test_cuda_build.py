@@ -18,6 +18,7 @@ import pytest
 from ms_kldiv import _build
 
 from conftest import distill_abi_kernels
+import _procs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(ROOT, "custom_ops")
@@ -57,7 +58,7 @@ def cuda_lib(tmp_path_factory):
     assert cus, "no CUDA sources in custom_ops/gpu"
     cmd = [NVCC, *nvcc_flags_one_arch(), "-I", os.path.join(SRC, "common"), "-I", os.path.join(SRC, "gpu"),
            *cus, "-o", str(out)]
-    proc = subprocess.run(cmd, cwd=str(out.parent), capture_output=True, text=True, timeout=900)
+    proc = _procs.run(cmd, 900, cwd=str(out.parent))
     assert proc.returncode == 0, f"nvcc failed:\n{' '.join(cmd)}\n{proc.stderr[-4000:]}"
     # nvcc warnings are errors-in-waiting for other toolkits: keep the build clean.
     assert "warning" not in proc.stderr.lower(), proc.stderr[-4000:]
@@ -160,7 +161,7 @@ def cubins(tmp_path_factory):
             out = d / f"{cu[:-3]}_sm_{arch}.cubin"
             cmd = [NVCC, *flags, "-cubin", f"-arch=sm_{arch}", "-Xptxas", "-v", "-I", os.path.join(SRC, "common"),
                    "-I", os.path.join(SRC, "gpu"), os.path.join(SRC, "gpu", cu), "-o", str(out)]
-            proc = subprocess.run(cmd, cwd=str(d), capture_output=True, text=True, timeout=900)
+            proc = _procs.run(cmd, 900, cwd=str(d))
             assert proc.returncode == 0, f"nvcc failed:\n{' '.join(cmd)}\n{proc.stderr[-4000:]}"
             paths.append(str(out))
             usage.update(_parse_ptxas(proc.stdout + proc.stderr))

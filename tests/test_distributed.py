@@ -3,7 +3,6 @@ must end with identical parameters, equal to one process trained on the concaten
 (examples/distributed_kd.py does the training)."""
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 
 import ms_kldiv
+import _procs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(ms_kldiv.__file__)))
@@ -38,20 +38,9 @@ def _env():
 
 def _run(cmd, cwd, what):
     """Run in its own process group, so that a hung worker or scheduler is killed with the launcher."""
-    proc = subprocess.Popen(cmd, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"{what} timed out after {TIMEOUT_S} s:\n{out[-4000:]}")
-    finally:
-        try:  # msrun's scheduler and workers share the group: nothing may outlive the test
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return proc.returncode, out
+    # (msrun's scheduler and workers share the group: nothing may outlive the test)
+    proc = _procs.run(cmd, TIMEOUT_S, what=what, cwd=cwd, env=_env(), stderr=subprocess.STDOUT)
+    return proc.returncode, proc.stdout
 
 
 def _load(path):

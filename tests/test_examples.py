@@ -3,13 +3,10 @@ prints: the claims the examples make must hold, and nothing may be left in the w
 examples/distributed_kd.py is exercised by tests/test_distributed.py."""
 import os
 import re
-import signal
-import subprocess
 import sys
 
-import pytest
-
 import ms_kldiv
+import _procs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(ms_kldiv.__file__)))
@@ -23,14 +20,9 @@ def run_example(name, tmp_path, *args):
     # The scripts must import the ms_kldiv under test (installed, or this checkout), not whichever comes first.
     env["PYTHONPATH"] = PKG_PARENT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("GLOG_v", "3")
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "examples", name), *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{name} timed out after {TIMEOUT_S} s:\n{out[-3000:]}\n{err[-3000:]}")
+    proc = _procs.run([sys.executable, os.path.join(ROOT, "examples", name), *args], TIMEOUT_S, what=name, cwd=cwd,
+                      env=env)
+    out, err = proc.stdout, proc.stderr
     assert proc.returncode == 0, f"{name} failed:\n{out[-3000:]}\n{err[-3000:]}"
     assert sorted(p.name for p in cwd.iterdir()) == [], f"{name} left files in the working directory"
     return out

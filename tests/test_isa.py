@@ -6,15 +6,17 @@ the choice, so here each narrower unit runs tests/test_aot_kernel.py and tests/t
 gradients against the float64 reference in PyNative and compiled modes, every dtype, broadcast patterns, sizes around
 the vector/block/thread boundaries, special values in lean and exact blocks, the log's accuracy sweep, the host call
 against the primitive) in a subprocess of its own. A unit this CPU cannot run is reported as skipped, with the reason.
+Tests marked ``isa_independent`` (no library, Python only, the pool's diagnostics) are not rerun: the main run has
+checked them, and no unit takes part in them.
 """
 import os
-import subprocess
 import sys
 
 import pytest
 
 from ms_kldiv import _build
 from conftest import cpu_isa
+import _procs
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ISAS = ("avx512", "avx2", "baseline")  # widest first
@@ -23,9 +25,9 @@ HAVE_CXX = _build._cxx() is not None
 
 
 def _isa_in_subprocess(isa, cwd):
-    code = "from ms_kldiv import _build; print(_build.library_isa(_build.ensure_library('CPU')))"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, timeout=600,
-                          env=dict(os.environ, MS_KLDIV_ISA=isa))
+    code = _procs.LOAD_BUILD + "print(_build.library_isa(_build.ensure_library('CPU')))"
+    env = _procs.with_repo_path(dict(os.environ, MS_KLDIV_ISA=isa))
+    proc = _procs.run([sys.executable, "-c", code], 600, cwd=cwd, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout.strip()
 
@@ -44,9 +46,10 @@ def test_kernel_suite_on_each_isa(isa, tmp_path):
     work.mkdir()
     assert _isa_in_subprocess(isa, str(work)) == isa  # MS_KLDIV_ISA really selects the unit
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+           "-m", "not isa_independent",
            os.path.join(TESTS, "test_aot_kernel.py"), os.path.join(TESTS, "test_host_call.py")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=str(work), timeout=1200,
-                          env=dict(os.environ, MS_KLDIV_ISA=isa))
+    proc = _procs.run(cmd, 1200, cwd=str(work),
+                      env=_procs.with_repo_path(dict(os.environ, MS_KLDIV_ISA=isa)))
     tail = proc.stdout[-4000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, tail
     summary = proc.stdout.strip().splitlines()[-1]

@@ -1,8 +1,9 @@
 """The README's usage snippet runs as written, in a clean working directory it leaves empty."""
 import pathlib
 import re
-import subprocess
 import sys
+
+import _procs
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
@@ -15,8 +16,7 @@ def test_readme_usage_snippet_runs(tmp_path):
     blocks = python_blocks()
     assert blocks, "README has no python example"
     for code in blocks:
-        proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                              timeout=300)
+        proc = _procs.run([sys.executable, "-c", code], 300, cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr[-3000:]
     assert list(tmp_path.iterdir()) == []
 

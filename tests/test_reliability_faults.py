@@ -13,7 +13,6 @@ Every case runs in child processes (a crash fails the test, not the suite). The 
 """
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -21,27 +20,12 @@ import pytest
 
 from ms_kldiv import _build
 
+import _libs
+import _procs
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIB = _build.LIB_NAMES["CPU"]
 pytestmark = pytest.mark.skipif(_build._cxx() is None, reason="no C++ compiler to build the library the stand-in copies")
-
-FAKE_CXX = r"""#!{python}
-import os, shutil, sys, time
-args = sys.argv[1:]
-if "--version" in args:
-    print("fake-cxx 1.0 (ms_kldiv reliability tests)")
-    sys.exit(0)
-out = args[args.index("-o") + 1]
-if "-c" in args:
-    open(out, "wb").close()
-    sys.exit(0)
-with open(os.environ["FAKE_CXX_LOG"], "a") as log:
-    log.write(f"link-start {{os.getpid()}} {{time.time()}}\n")
-time.sleep(float(os.environ.get("FAKE_CXX_SECONDS", "3")))
-shutil.copyfile(os.environ["FAKE_CXX_LIB"], out)
-with open(os.environ["FAKE_CXX_LOG"], "a") as log:
-    log.write(f"link-end {{os.getpid()}} {{time.time()}}\n")
-"""
 
 USE_AOT = r"""
 import os, sys, tempfile, time, warnings
@@ -65,41 +49,27 @@ print("OK")
 """
 
 
-@pytest.fixture(scope="module")
-def real_lib():
-    return _build.ensure_library("CPU")
-
-
 @pytest.fixture
-def fake(tmp_path, real_lib):
+def fake(tmp_path):
     """Environment for a child process: an empty cache, the stand-in compiler, a fresh temp dir, an empty cwd."""
-    cxx = tmp_path / "fake-cxx"
-    cxx.write_text(FAKE_CXX.format(python=sys.executable))
-    cxx.chmod(0o755)
     for d in ("cache", "tmp", "cwd"):
         (tmp_path / d).mkdir()
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               MS_KLDIV_CACHE=str(tmp_path / "cache"), TMPDIR=str(tmp_path / "tmp"), CXX=str(cxx),
-               FAKE_CXX_LIB=real_lib, FAKE_CXX_LOG=str(tmp_path / "cxx.log"),
-               MS_KLDIV_SOURCE_DIR=os.path.join(REPO, "custom_ops"))
+    env = _procs.with_repo_path(dict(os.environ, MS_KLDIV_CACHE=str(tmp_path / "cache"), TMPDIR=str(tmp_path / "tmp"),
+                                     MS_KLDIV_SOURCE_DIR=os.path.join(REPO, "custom_ops"),
+                                     **_libs.stand_in_compiler(tmp_path, _libs.library("CPU"))))
     env.pop("MS_KLDIV_LIB_DIR", None)
     env.pop("MS_KLDIV_NO_BUILD", None)
     return env
 
 
 def _start(code, env, cwd, *args):
-    return subprocess.Popen([sys.executable, "-c", code, *args], env=env, cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return _procs.start([sys.executable, "-c", code, *args], env=env, cwd=cwd)
 
 
 def _finish(proc, timeout=300):
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        pytest.fail(f"child hung:\n{out[-2000:]}\n{err[-3000:]}")
-    assert proc.returncode == 0 and "OK" in out, f"rc={proc.returncode}\n{out[-2000:]}\n{err[-3000:]}"
+    done = _procs.finish(proc, timeout, what="child")
+    out, err = done.stdout, done.stderr
+    assert done.returncode == 0 and "OK" in out, f"rc={done.returncode}\n{out[-2000:]}\n{err[-3000:]}"
     return dict(ln.split(" ", 1) for ln in out.splitlines() if " " in ln)
 
 
@@ -167,7 +137,7 @@ def replace(src, dst):
         os.kill(os.getpid(), signal.SIGKILL)
     real_replace(src, dst)
 os.replace = replace
-from ms_kldiv import _build
+""" + _procs.LOAD_BUILD + r"""
 _build.ensure_library("CPU")
 """
 
@@ -177,17 +147,16 @@ _build.ensure_library("CPU")
 def test_interrupted_build_leaves_no_partial_library(fake, tmp_path, when):
     cwd = str(tmp_path / "cwd")
     if when == "during_link":
-        proc = _start("from ms_kldiv import _build; _build.ensure_library('CPU')", dict(fake, FAKE_CXX_SECONDS="60"),
-                      cwd)
+        proc = _start(_procs.LOAD_BUILD + "_build.ensure_library('CPU')", dict(fake, FAKE_CXX_SECONDS="60"), cwd)
         deadline = time.time() + 120
         while not any(ln[0] == "link-start" for ln in _log(fake)):
             assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
             time.sleep(0.2)
-        proc.send_signal(signal.SIGKILL)
+        proc.send_signal(signal.SIGKILL)  # the build's process alone: its stand-in compiler goes on sleeping
     else:
         proc = _start(KILL_BEFORE_RENAME, dict(fake, FAKE_CXX_SECONDS="0"), cwd)
-    proc.communicate(timeout=120)
-    assert proc.returncode == -signal.SIGKILL, proc.returncode
+    killed = _procs.finish(proc, 120)  # (and then ends the orphaned stand-in with the rest of the group)
+    assert killed.returncode == -signal.SIGKILL, killed.returncode
     for lib_dir in _lib_dirs(fake["MS_KLDIV_CACHE"]):
         assert LIB not in os.listdir(lib_dir), os.listdir(lib_dir)  # nothing under the library's name
     out = _finish(_start(USE_AOT, dict(fake, FAKE_CXX_SECONDS="0"), cwd, "aot"))

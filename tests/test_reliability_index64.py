@@ -13,12 +13,12 @@ peak RSS.
 """
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from conftest import BACKENDS
+import _procs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IN_KERNEL_BROADCAST = [b for b in BACKENDS if b == "aot"]
@@ -93,8 +93,7 @@ def test_2_pow_32_elements_sum_and_gradients(backend, tmp_path):
     script.write_text(CHILD)
     work = tmp_path / "cwd"
     work.mkdir()
-    proc = subprocess.run([sys.executable, str(script), backend], capture_output=True, text=True, env=env,
-                          cwd=str(work), timeout=300)
+    proc = _procs.run([sys.executable, str(script), backend], 300, env=env, cwd=str(work))
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT ")]
     assert proc.returncode == 0 and lines, f"rc={proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     report = json.loads(lines[-1][len("REPORT "):])

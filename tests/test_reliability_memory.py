@@ -11,12 +11,12 @@ per PyNative call here, so they run fewer calls (CALLS below) against the same b
 """
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from conftest import BACKENDS
+import _procs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # calls per kind: (PyNative forward, PyNative value+grad, jit forward, jit value+grad)
@@ -119,8 +119,7 @@ def test_rss_fds_threads_over_many_calls(backend, tmp_path):
     work = tmp_path / "cwd"
     work.mkdir()
     calls = ",".join(map(str, CALLS.get(backend, CALLS["composite"])))
-    proc = subprocess.run([sys.executable, str(script), backend, calls], capture_output=True, text=True,
-                          env=env, cwd=str(work), timeout=600)
+    proc = _procs.run([sys.executable, str(script), backend, calls], 600, env=env, cwd=str(work))
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT ")]
     assert proc.returncode == 0 and lines, f"rc={proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     report = json.loads(lines[-1][len("REPORT "):])
