@@ -95,13 +95,12 @@ __device__ __forceinline__ S group_reduce(S v, Merge merge, S empty, S *part) {
 // f(s_j, t_j) for this thread's elements of one row (lane of R), in float.
 template <int R, typename T, typename F>
 __device__ __forceinline__ void for_each_pair(const T *s, const T *t, int64_t vocab, int lane, bool vec, F &&f) {
-  for_each_packet_pair(
-      s, t, vocab, lane, R, vec,
-      [&](int64_t, const Vec16<T> &a, const Vec16<T> &b) {
+  const int64_t done =
+      for_each_packet_pair(s, t, vocab, lane, R, vec, [&](int64_t, const Vec16<T> &a, const Vec16<T> &b) {
 #pragma unroll
         for (int j = 0; j < Vec16<T>::kN; ++j) f(to_c(a.v[j]), to_c(b.v[j]));
-      },
-      [&](int64_t k) { f(to_c(s[k]), to_c(t[k])); });
+      });
+  for (int64_t k = done + lane; k < vocab; k += R) f(to_c(s[k]), to_c(t[k]));
 }
 
 // ------------------------------------------------------------------------------------------ forward
@@ -222,9 +221,8 @@ __device__ __forceinline__ void backward_row(const T *s, const T *t, int64_t voc
     grads(kKind, (vs - ms) * h.inv_t - lzs, (vt - mt) * h.inv_t - lzt, sa, sb, h.log_beta, h.log_1m_beta, h.beta,
           g_t, gs, gt);
   };
-  for_each_packet_pair(
-      s, t, vocab, lane, R, vec,
-      [&](int64_t k, const Vec16<T> &a, const Vec16<T> &b) {
+  const int64_t done =
+      for_each_packet_pair(s, t, vocab, lane, R, vec, [&](int64_t k, const Vec16<T> &a, const Vec16<T> &b) {
         Vec16<T> rs, rt;
 #pragma unroll
         for (int j = 0; j < Vec16<T>::kN; ++j) {
@@ -235,13 +233,13 @@ __device__ __forceinline__ void backward_row(const T *s, const T *t, int64_t voc
         }
         if (ds) packet(ds, k) = rs;
         if (dt) packet(dt, k) = rt;
-      },
-      [&](int64_t k) {
-        float gs, gt;
-        one(to_c(s[k]), to_c(t[k]), &gs, &gt);
-        if (ds) ds[k] = from_c<T>(gs);
-        if (dt) dt[k] = from_c<T>(gt);
       });
+  for (int64_t k = done + lane; k < vocab; k += R) {
+    float gs, gt;
+    one(to_c(s[k]), to_c(t[k]), &gs, &gt);
+    if (ds) ds[k] = from_c<T>(gs);
+    if (dt) dt[k] = from_c<T>(gt);
+  }
 }
 
 template <typename T, int R>

@@ -121,15 +121,14 @@ __global__ void fwd_none_contig(const T* __restrict__ x, const T* __restrict__ t
   using C = typename Compute<T>::type;
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  for_each_packet_pair(
-      x, t, n, i, stride, vec,
-      [&](int64_t k, const Vec16<T>& a, const Vec16<T>& b) {
+  const int64_t done =
+      for_each_packet_pair(x, t, n, i, stride, vec, [&](int64_t k, const Vec16<T>& a, const Vec16<T>& b) {
         Vec16<T> r;
 #pragma unroll
         for (int j = 0; j < Vec16<T>::kN; ++j) r.v[j] = from_c<T>(loss<C>(to_c(a.v[j]), to_c(b.v[j]), LT));
         packet(out, k) = r;
-      },
-      [&](int64_t k) { out[k] = from_c<T>(loss<C>(to_c(x[k]), to_c(t[k]), LT)); });
+      });
+  for (int64_t k = done + i; k < n; k += stride) out[k] = from_c<T>(loss<C>(to_c(x[k]), to_c(t[k]), LT));
 }
 
 template <typename T, bool LT>
@@ -153,13 +152,12 @@ __global__ void fwd_sum_partials(const T* __restrict__ x, const T* __restrict__ 
   const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   double acc = 0.0;
   if (g.contiguous) {
-    for_each_packet_pair(
-        x, t, g.numel, i, stride, vec,
-        [&](int64_t, const Vec16<T>& a, const Vec16<T>& b) {
+    const int64_t done =
+        for_each_packet_pair(x, t, g.numel, i, stride, vec, [&](int64_t, const Vec16<T>& a, const Vec16<T>& b) {
 #pragma unroll
           for (int j = 0; j < Vec16<T>::kN; ++j) acc += (double)loss_term<C>(to_c(a.v[j]), to_c(b.v[j]), LT);
-        },
-        [&](int64_t k) { acc += (double)loss_term<C>(to_c(x[k]), to_c(t[k]), LT); });
+        });
+    for (int64_t k = done + i; k < g.numel; k += stride) acc += (double)loss_term<C>(to_c(x[k]), to_c(t[k]), LT);
   } else {
     for (int64_t k = i; k < g.numel; k += stride) {
       int64_t ox, ot;

@@ -35,22 +35,20 @@ template <typename T> __device__ __forceinline__ Vec16<T>& packet(T* p, int64_t 
   return reinterpret_cast<Vec16<T>*>(p)[k];
 }
 
-// A thread's share of the n element pairs (x[i], t[i]), i = first, first + step, ...: when `vec` (both arrays start
-// on a 16-byte boundary) packet by packet first, vec_fn(k, packet k of x, packet k of t), each packet read with one
-// load; then the elements no packet covered, elem_fn(i).
-template <typename T, typename VecFn, typename ElemFn>
-__device__ __forceinline__ void for_each_packet_pair(const T* x, const T* t, int64_t n, int64_t first, int64_t step,
-                                                     bool vec, VecFn&& vec_fn, ElemFn&& elem_fn) {
-  int64_t done = 0;
-  if (vec) {
-    const int64_t nv = n / Vec16<T>::kN;
-    for (int64_t k = first; k < nv; k += step) {
-      const Vec16<T> a = packet(x, k), b = packet(t, k);
-      vec_fn(k, a, b);
-    }
-    done = nv * Vec16<T>::kN;
+// The packet part of a thread's share of n element pairs (x[i], t[i]), i = first, first + step, ...: when `vec`
+// (both arrays start on a 16-byte boundary), vec_fn(k, packet k of x, packet k of t) for its packets, each read with
+// one load. Returns how many leading elements the packets cover (0 without `vec`): the caller's scalar loop takes
+// the rest, from that index plus `first`.
+template <typename T, typename VecFn>
+__device__ __forceinline__ int64_t for_each_packet_pair(const T* x, const T* t, int64_t n, int64_t first,
+                                                        int64_t step, bool vec, VecFn&& vec_fn) {
+  if (!vec) return 0;
+  const int64_t nv = n / Vec16<T>::kN;
+  for (int64_t k = first; k < nv; k += step) {
+    const Vec16<T> a = packet(x, k), b = packet(t, k);
+    vec_fn(k, a, b);
   }
-  for (int64_t i = done + first; i < n; i += step) elem_fn(i);
+  return nv * Vec16<T>::kN;
 }
 
 }  // namespace cuda
