@@ -20,7 +20,8 @@ SIM_DIR = os.path.join(HERE, "ascendc_sim")
 _DEPS = [os.path.join(SIM_DIR, f) for f in ("distill_sim_driver.cpp", "kernel_operator.h",
                                             "register/tilingdata_base.h")] \
     + [os.path.join(_km.ASCEND_SRC, "op_kernel", f) for f in ("distill_custom.cpp", "distill_custom_grad.cpp",
-                                                             "distill_common.h", "distill_tiling_plan.h")] \
+                                                             "distill_common.h", "distill_tiling_plan.h", "tile_io.h",
+                                                             "tiling_common.h")] \
     + [os.path.join(_km.ASCEND_SRC, "op_host", "distill_custom_tiling.h")]
 _TYPES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16_t"}
 

@@ -295,7 +295,8 @@ def backward(tiling, x, t, dout, reduction, log_target, dtype="float32", cores=A
 SIM_DIR = os.path.join(HERE, "ascendc_sim")
 _SIM_DEPS = [os.path.join(SIM_DIR, f) for f in ("sim_driver.cpp", "kernel_operator.h", "register/tilingdata_base.h")] \
     + [os.path.join(ASCEND_SRC, "op_kernel", f) for f in ("kl_div_custom.cpp", "kl_div_custom_grad.cpp",
-                                                         "kl_div_common.h", "kl_div_tiling_plan.h")] \
+                                                         "kl_div_common.h", "kl_div_tiling_plan.h", "tile_io.h",
+                                                         "tiling_common.h")] \
     + [os.path.join(ASCEND_SRC, "op_host", "kl_div_custom_tiling.h")]
 # Each stand-in library keeps its own copy of the stand-in's globals (inline variables such as AscendC::g_core):
 # g++ would make them STB_GNU_UNIQUE, which the loader shares between the KLDiv and distillation libraries.
