@@ -166,6 +166,22 @@ def _cut(*tensors):
     return tuple(ops.stop_gradient(v) for v in tensors)
 
 
+class _Unrecorded(nn.Cell):
+    """A chunk loop for PyNative: MindSpore's PyNative autograd records every op of a plain Cell (and so holds each
+    chunk's tensors) even on inputs cut from autodiff, but runs the forward of a Cell with a bprop without recording
+    it. (Compiled code calls the loop directly: there a loop inside a Cell with a bprop fails to compile.)"""
+
+    def __init__(self, loop):
+        super().__init__()
+        self.loop = loop
+
+    def construct(self, hs, ws, bs, ht, wt, bt, labels, count):
+        return self.loop(hs, ws, bs, ht, wt, bt, labels, count)
+
+    def bprop(self, hs, ws, bs, ht, wt, bt, labels, count, out, dout):
+        return tuple(ops.zeros_like(v) for v in (hs, ws, bs, ht, wt, bt, labels, count))
+
+
 class _FusedCore(nn.Cell):
     """(hidden states and heads of both models, labels, counted rows) -> the loss, differentiable for the six
     tensors.
@@ -188,18 +204,22 @@ class _FusedCore(nn.Cell):
             return _ChunkLoop(_ChunkStep(*args, student, teacher, teacher_logits), chunk_size, chunk_bytes)
 
         self.student_loop = chunk_loop(True, False)
+        self.student_loop_pynative = _Unrecorded(self.student_loop)
         self.with_gradients = _WithGradients(self.teacher_grad)
         if self.teacher_grad:
-            self.both_loop = chunk_loop(True, True)
+            self.both_loop_pynative = _Unrecorded(chunk_loop(True, True))
             self.with_student_gradients = _WithGradients(False)
             self.teacher_gradients = _TeacherGradients(chunk_loop(False, True))
 
     def construct(self, hs, ws, bs, ht, wt, bt, labels, count):
         inputs = _cut(hs, ws, bs, ht, wt, bt) + (labels, ops.stop_gradient(count))
+        graph = compiled(hs)
         if not self.teacher_grad:
-            return self.with_gradients(hs, ws, bs, ht, wt, bt, *_cut(*self.student_loop(*inputs)))
-        if not compiled(hs):
-            return self.with_gradients(hs, ws, bs, ht, wt, bt, *_cut(*self.both_loop(*inputs)))
+            if graph:
+                return self.with_gradients(hs, ws, bs, ht, wt, bt, *_cut(*self.student_loop(*inputs)))
+            return self.with_gradients(hs, ws, bs, ht, wt, bt, *_cut(*self.student_loop_pynative(*inputs)))
+        if not graph:
+            return self.with_gradients(hs, ws, bs, ht, wt, bt, *_cut(*self.both_loop_pynative(*inputs)))
         hs_, ws_, bs_, ht_, wt_, bt_, labels, count = inputs
         loss = self.with_student_gradients(hs, ws, bs, ht_, wt_, bt_, *_cut(*self.student_loop(*inputs)))
         return loss + self.teacher_gradients(hs_, ws_, bs_, ht, wt, bt, labels, count)
