@@ -16,6 +16,7 @@ from mindspore.ops import constexpr
 from . import _validation
 from .backends import _device_target_const, compiled
 from .functional import kl_div
+from .reference import DISTILL_REDUCTIONS
 
 _NAME = "distillation_loss"
 _NEG_INF = float("-inf")
@@ -45,19 +46,21 @@ def _const(value, like):
     return ops.cast(_f64(value), like.dtype)
 
 
-def _check_options(temperature, reduction, beta, ignore_index, name):
+def _check_options(temperature, reduction, beta, ignore_index, backend, name):
     _validation.check_temperature(temperature, name)
-    _validation.check_reduction(reduction, True, name)
+    _validation.check_reduction(reduction, True, name, DISTILL_REDUCTIONS)
     _validation.check_number(beta, "beta", name, 0.0, 1.0)
     _validation.check_int(ignore_index, "ignore_index", name)
+    # Up front: the composition reaches kl_div (which would check it) only after both log-softmaxes.
+    _validation.check_backend_name(backend, name)
 
 
-def _check_args(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, name):
+def _check_args(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend, name):
     """All checks, before anything runs; returns the promoted dtype. Plain Python, so it also runs at graph
     compile time."""
-    _check_options(temperature, reduction, beta, ignore_index, name)
+    _check_options(temperature, reduction, beta, ignore_index, backend, name)
     dtype = _validation.check_tensors(student_logits, teacher_logits, name, ("student_logits", "teacher_logits"),
-                                      min_rank=1)
+                                      min_rank=1, shapes=_validation.kldiv_logits_shapes)
     if labels is not None:
         if student_logits.shape != teacher_logits.shape:
             raise ValueError(f"For '{name}', 'labels' needs student and teacher logits of one shape, but got "
@@ -66,9 +69,13 @@ def _check_args(student_logits, teacher_logits, temperature, reduction, beta, la
     return dtype
 
 
-def _log_probs(logits, temperature, compute_dtype):
+def _log_probs(logits, temperature, compute_dtype, keep=None):
     if logits.dtype != compute_dtype:
         logits = ops.cast(logits, compute_dtype)
+    if keep is not None:
+        # Ignored rows' logits become zeros before any math: a NaN or inf there cannot reach the value or, through
+        # a NaN x 0 product in some backward, a gradient (where's backward selects; it does not multiply).
+        logits = ops.where(ops.expand_dims(keep, -1), logits, 0.0)
     if temperature != 1:
         logits = logits / _const(temperature, logits)
     if compute_dtype == ms.float64:
@@ -138,65 +145,151 @@ def _takes_fused(student_logits, teacher_logits, reduction, dtype):
             and 0 not in shape and -1 not in shape[-1:])
 
 
-def _reduce_rows(rows, student_logits, reduction, labels, ignore_index):
-    """The reduction of the per-row losses (float32), with ignored rows out of the sums and the denominators."""
-    vocab = student_logits.shape[-1]
-    if labels is not None:
-        keep = labels != ignore_index
-        loss = ops.sum(ops.where(keep, rows, 0.0))
-        if reduction == "sum":
-            return loss
-        counted = ops.sum(ops.cast(keep, ms.float32))
+def _known_size(dims):
+    """The product of ``dims``, or -1 if one is unknown at compile time (None or negative under dynamic shapes)."""
+    n = 1
+    for d in dims:
+        if d is None or d < 0:
+            return -1
+        n *= d
+    return n
+
+
+def _known_rows_fn(shape):
+    return 1 if len(shape) == 1 else _known_size(shape[:-1])
+
+
+# Constexprs: plain Python on the shape, evaluated at compile time in graph mode (unknown dims arrive as None or -1).
+_known_rows = constexpr(_known_rows_fn, check=False)
+_known_numel = constexpr(_known_size, check=False)
+
+
+def _known_dim0_fn(shape):
+    return _known_size(shape[:1])
+
+
+_known_dim0 = constexpr(_known_dim0_fn, check=False)
+
+
+def _dims_product(x, dims, like):
+    """The product of ``x``'s dims at run time, a 0-d tensor of ``like``'s dtype: 'dim0' the first, 'rows' all but
+    the last (rank >= 2), 'vocab' the last, 'all' every one. Slices of ``dyn_shape``, never an integer index, which
+    fails under PyNative grad of grad."""
+    sizes = ops.dyn_shape(x)
+    if dims == "dim0":
+        sizes = sizes[:1]
+    elif dims == "rows":
+        sizes = sizes[:-1]
+    elif dims == "vocab":
+        sizes = sizes[-1:]
+    return ops.cast(ops.prod(ops.cast(sizes, ms.float64)), like.dtype)
+
+
+def _count(known, x, dims, like):
+    return _const(float(known), like) if known >= 0 else _dims_product(x, dims, like)
+
+
+def _reduce(total, student_logits, reduction, keep):
+    """The reduction of ``total``, the sum of the counted rows' terms, by the count ``reduction`` names:
+
+    - 'sum': none; 'batchmean': student_logits.shape[0] (1 for 1-D logits) without labels, the counted rows with
+      labels; 'tokenmean': the counted rows (every position of the leading dims without labels); 'mean': the
+      counted rows x V (all elements without labels).
+    - No rows, or every row ignored: 0, whatever the reduction. MindSpore's CPU ReduceSum of an empty tensor
+      returns uninitialized memory (docs/mindspore-notes.md), so where the row count is not known to be positive
+      at compile time (empty shapes, dynamic shapes) the result is selected by the row count at run time.
+    """
+    shape = ops.shape(student_logits)
+    if reduction == "sum":
+        loss = total
+    elif keep is not None:
+        counted = ops.sum(ops.cast(keep, total.dtype))
         if reduction == "mean":
-            counted = counted * vocab
-        return loss / ops.maximum(counted, 1.0)
-    loss = ops.sum(rows)
-    if reduction == "sum" or (reduction == "batchmean" and student_logits.ndim == 1):
+            counted = counted * _count(_known_numel(shape[-1:]), student_logits, "vocab", total)
+        loss = total / ops.maximum(counted, 1.0)
+    elif len(shape) == 1 and reduction != "mean":
+        loss = total  # a 1-D logits vector is one sample, one row
+    else:
+        if reduction == "batchmean":
+            known, dims = _known_dim0(shape), "dim0"
+        elif reduction == "tokenmean":
+            known, dims = _known_rows(shape), "rows"
+        else:
+            known, dims = _known_numel(shape), "all"
+        loss = total / ops.maximum(_count(known, student_logits, dims, total), 1.0)
+    rows = _known_rows(shape)
+    if rows > 0:
         return loss
-    if reduction == "batchmean":
-        return loss / ops.reshape(ops.cast(ops.dyn_shape(student_logits)[:1], ms.float32), ())
-    return loss / ops.cast(ops.prod(ops.cast(ops.dyn_shape(student_logits), ms.float64)), ms.float32)
+    return ops.where(_count(rows, student_logits, "rows", total) > 0, loss, 0.0)
+
+
+def _compute_dtype(dtype, upcast):
+    """Half types compute in float32: softmax in float16 loses most of the tail mass the student learns from.
+    With ``upcast`` (the composition on CPU/GPU) float32 computes in float64: MindSpore 2.10's CPU float32 exp and
+    log are several ulp off (docs/mindspore-notes.md), which put the composite loss 1e-6..1e-5 relative off the
+    exact value where the fused kernels, which accumulate in double, are ~1e-8."""
+    if dtype in _validation.HALF_DTYPES:
+        return ms.float32
+    if dtype == ms.float32 and upcast:
+        return ms.float64
+    return dtype
+
+
+@constexpr
+def _upcasts(device):
+    # Ascend's vector units have no float64 exp/log: the composition stays float32 there.
+    return device in ("CPU", "GPU")
 
 
 def _distill(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend, dtype):
+    keep = None if labels is None else labels != ignore_index
+    device = _device_target_const()
     if _takes_fused(student_logits, teacher_logits, reduction, dtype):
-        rows_op = _fused_rows(backend, _device_target_const(), temperature, beta, compiled(student_logits))
+        graph = compiled(student_logits)
+        rows_op = _fused_rows(backend, device, temperature, beta, graph)
         if rows_op is not None:
             if student_logits.dtype != dtype:
                 student_logits = ops.cast(student_logits, dtype)
             if teacher_logits.dtype != dtype:
                 teacher_logits = ops.cast(teacher_logits, dtype)
-            loss = _reduce_rows(rows_op(student_logits, teacher_logits), student_logits, reduction, labels,
-                                ignore_index)
+            rows = rows_op(student_logits, teacher_logits)
+            if beta not in (0, 1):
+                # The fused JSD gives 0, not NaN, for a row where neither model has a distribution (NaN, +inf or
+                # every logit -inf in both: its class terms test p > 0, which NaN fails). The forward KL of the
+                # student against itself is finite (0) on a row with a distribution and NaN on one without, so
+                # adding 0 x that marks those rows as the composition does, for one more read of the student.
+                check = _fused_rows(backend, device, temperature, 0.0, graph)
+                rows = rows + ops.stop_gradient(check(student_logits, student_logits)) * 0.0
+            if keep is not None:
+                rows = ops.where(keep, rows, 0.0)
+            loss = _reduce(ops.sum(rows), student_logits, reduction, keep)
             return loss if dtype == ms.float32 else ops.cast(loss, dtype)
     return _compose(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend,
-                    dtype)
+                    dtype, _compute_dtype(dtype, _upcasts(device)))
 
 
-def _compose(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend, dtype):
-    """Two log-softmaxes and kl_div: every shape, dtype, reduction and device."""
-    # Half types: softmax in float16 loses most of the tail mass the student learns from, so compute in float32
-    # (kl_div widens half types internally anyway) and cast the result back.
-    compute_dtype = ms.float32 if dtype in _validation.HALF_DTYPES else dtype
-    log_p_student = _log_probs(student_logits, temperature, compute_dtype)
-    log_p_teacher = _log_probs(teacher_logits, temperature, compute_dtype)
-    if labels is None:
-        # A 1-D logits vector is a single distribution: a batch of one, so 'batchmean' is its sum.
-        kl_reduction = "sum" if (reduction == "batchmean" and student_logits.ndim == 1) else reduction
-        loss = _divergence(log_p_student, log_p_teacher, beta, kl_reduction, backend)
+def _compose(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend, dtype,
+             compute_dtype=None):
+    """Two log-softmaxes and kl_div: every shape, dtype, reduction and device. ``compute_dtype``: the dtype of
+    the math (default: float32 for half types, else ``dtype``, what a user's own composition computes in)."""
+    if compute_dtype is None:
+        compute_dtype = _compute_dtype(dtype, False)
+    keep = None if labels is None else labels != ignore_index
+    log_p_student = _log_probs(student_logits, temperature, compute_dtype, keep)
+    log_p_teacher = _log_probs(teacher_logits, temperature, compute_dtype, keep)
+    if reduction == "none":
+        loss = _divergence(log_p_student, log_p_teacher, beta, "none", backend)
+        if keep is not None:
+            loss = ops.where(ops.expand_dims(keep, -1), loss, 0.0)
+    elif keep is None:
+        # kl_div's own 'sum' (0 for empty operands); the count is ours: kl_div's 'batchmean' would divide by its
+        # first operand's rows, the teacher's for reverse KL, which may be broadcast.
+        loss = _reduce(_divergence(log_p_student, log_p_teacher, beta, "sum", backend), student_logits, reduction,
+                       None)
     else:
-        # Rows whose label is ignore_index contribute 0 and leave the 'mean'/'batchmean' denominators.
-        keep = ops.expand_dims(labels != ignore_index, -1)
-        pointwise = ops.where(keep, _divergence(log_p_student, log_p_teacher, beta, "none", backend), 0.0)
-        if reduction == "none":
-            loss = pointwise
-        else:
-            loss = ops.sum(pointwise)
-            if reduction != "sum":
-                rows = ops.sum(ops.cast(keep, compute_dtype))
-                if reduction == "mean":
-                    rows = rows * student_logits.shape[-1]
-                loss = loss / ops.maximum(rows, 1.0)
+        # Rows whose label is ignore_index contribute 0 and leave the counts.
+        pointwise = _divergence(log_p_student, log_p_teacher, beta, "none", backend)
+        loss = _reduce(ops.sum(ops.where(ops.expand_dims(keep, -1), pointwise, 0.0)), student_logits, reduction, keep)
     if temperature != 1:
         loss = loss * ops.cast(_squared(temperature), loss.dtype)
     # kl_div returns compute_dtype; decided from the constants rather than loss.dtype, which a custom op's
@@ -287,7 +380,8 @@ def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction
         >>> print(loss.shape, loss.dtype, f"{float(loss):.4f}")
         () Float32 0.2660
     """
-    dtype = _check_args(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, _NAME)
+    dtype = _check_args(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend,
+                        _NAME)
     return _distill(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend,
                     dtype)
 
@@ -322,7 +416,7 @@ class DistillationLoss(nn.Cell):
 
     def __init__(self, temperature=1.0, reduction="batchmean", *, beta=0.0, ignore_index=-100, backend="auto"):
         super().__init__()
-        _check_options(temperature, reduction, beta, ignore_index, "DistillationLoss")
+        _check_options(temperature, reduction, beta, ignore_index, backend, "DistillationLoss")
         self.temperature = float(temperature)
         self.reduction = reduction
         self.beta = float(beta)
@@ -331,7 +425,7 @@ class DistillationLoss(nn.Cell):
 
     def construct(self, student_logits, teacher_logits, labels=None):
         dtype = _check_args(student_logits, teacher_logits, self.temperature, self.reduction, self.beta, labels,
-                            self.ignore_index, "DistillationLoss")
+                            self.ignore_index, self.backend, "DistillationLoss")
         return _distill(student_logits, teacher_logits, self.temperature, self.reduction, self.beta, labels,
                         self.ignore_index, self.backend, dtype)
 
