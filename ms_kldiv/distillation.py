@@ -337,35 +337,60 @@ def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction
       mathematics says (the student rules out an outcome the teacher considers possible); the gradient
       reaching the teacher is then not finite either. Mask both sides the same way.
 
-    A row whose logits are all :math:`-\infty` has no distribution and gives NaN.
+    Edges (the same on every backend, in PyNative and graph mode; docs/SPEC.md has the full table):
+
+    - A counted row with no distribution in a model (all its logits :math:`-\infty`, or a NaN or :math:`+\infty`
+      among them) gives NaN. Give padded rows `labels` equal to `ignore_index` instead.
+    - Rows whose label is `ignore_index` influence nothing: their logits are replaced by zeros before any math,
+      so NaN or inf there reaches neither the value nor a gradient, and their gradients are exact zeros.
+    - No rows (a leading dim of 0), or every row ignored: 0 for every reduction, gradients 0 (empty).
+    - `labels` are only compared with `ignore_index`: any other value counts the row (they are not class indices).
 
     Args:
         student_logits (Tensor): Logits of the student, classes on the last axis. float16, bfloat16, float32
-            or float64, at least 1-D.
-        teacher_logits (Tensor): Logits of the teacher, broadcastable with `student_logits`.
+            or float64, at least 1-D, at least one class.
+        teacher_logits (Tensor): Logits of the teacher with as many classes as the student, of the student's shape
+            or broadcasting to it (e.g. ``[V]`` or ``[1, V]``: one teacher distribution for every student row). A
+            student shape that would itself need broadcasting is refused: its rows are the samples the reductions
+            count.
         temperature (Union[int, float], optional): Softmax temperature :math:`T > 0`. Default: ``1.0``.
-        reduction (str, optional): ``'none'`` | ``'mean'`` | ``'batchmean'`` | ``'sum'``, as in
-            :func:`ms_kldiv.kl_div`. ``'batchmean'`` (the KL divergence per sample) divides the sum by
-            ``student_logits.shape[0]``; a 1-D `student_logits` is one sample. ``'mean'`` also divides by the
-            number of classes. Default: ``'batchmean'``.
+        reduction (str, optional): ``'none'`` | ``'mean'`` | ``'batchmean'`` | ``'sum'`` | ``'tokenmean'``: the sum
+            of the counted rows' divergences divided by
+
+            - ``'batchmean'``: ``student_logits.shape[0]`` without `labels` (a 1-D `student_logits` is one sample),
+              **but the number of counted rows with** `labels`. On ``[B, S, V]`` logits that is B (the loss per
+              sequence) without labels and the number of counted tokens (the loss per token) with them, as TRL
+              and Liger-Kernel do for their flattened ``[B * S, V]``. Kept for compatibility; say
+              ``'tokenmean'`` to get the per-token loss either way.
+            - ``'tokenmean'``: the number of counted rows: every position of the leading dims (``B * S``) without
+              `labels`, those whose label is not `ignore_index` with them.
+            - ``'mean'``: the counted rows times the number of classes; ``'sum'``: nothing.
+
+            Default: ``'batchmean'``.
         beta (float, optional): Interpolation in [0, 1] between forward KL (0) and reverse KL (1); in between,
             the generalized Jensen-Shannon divergence. Default: ``0.0``.
         labels (Tensor, optional): int32/int64 labels of the logits' leading shape (one per row/token); rows
-            whose label equals `ignore_index` contribute 0 and are left out of the ``'mean'``/``'batchmean'``
-            denominators; all rows ignored gives 0. Needs logits of one shape. Default: ``None``.
+            whose label equals `ignore_index` contribute 0 and are left out of the counts; all rows ignored gives
+            0. Needs logits of one shape. Default: ``None``.
         ignore_index (int, optional): The label of ignored rows. Default: ``-100``.
-        backend (str, optional): Implementation of the KL divergence, as in :func:`ms_kldiv.kl_div`.
-            Default: ``'auto'``.
+        backend (str, optional): ``'auto'`` or a name from :func:`ms_kldiv.backend_names`, checked before anything
+            runs. ``'auto'`` / ``'aot'`` use the fused distillation kernels where they run (CPU, GPU, Ascend with its
+            operators installed) for one shape of float32/half logits and a reducing `reduction`; otherwise, and on
+            ``'composite'`` / ``'akg'``, two log-softmaxes and :func:`ms_kldiv.kl_div` on that backend. On CPU and
+            GPU that composition computes float32 logits in float64 (MindSpore's float32 ``exp`` / ``log`` are
+            several ulp off; the result is within float32 rounding of the exact loss); on Ascend it computes in
+            float32 (about 1e-5 relative). Default: ``'auto'``.
 
     Returns:
-        Tensor of the promoted dtype of the two logits: the broadcast shape for ``'none'``, else 0-d.
+        Tensor of the promoted dtype of the two logits: the student's shape for ``'none'``, else 0-d.
         float16/bfloat16 logits are computed in float32 and the result is cast back.
 
     Raises:
         TypeError: If a logits argument is not a floating-point Tensor, `temperature` is not an int or float,
-            or `reduction` is not a str.
+            `reduction` or `backend` is not a str, or `labels` is not an int32/int64 Tensor.
         ValueError: If `temperature` is not positive and finite, `reduction` or `backend` is unknown, a logits
-            Tensor is 0-d, or the shapes do not broadcast.
+            Tensor is 0-d, the numbers of classes differ or are 0, the teacher does not broadcast to the student's
+            shape, or `labels` does not have the logits' leading shape.
         RuntimeError: If the requested `backend` cannot run on the current device target.
 
     Supported Platforms:
@@ -393,18 +418,21 @@ class DistillationLoss(nn.Cell):
 
     Args:
         temperature (Union[int, float], optional): Softmax temperature :math:`T > 0`. Default: ``1.0``.
-        reduction (str, optional): ``'none'`` | ``'mean'`` | ``'batchmean'`` | ``'sum'``. Default: ``'batchmean'``.
+        reduction (str, optional): ``'none'`` | ``'mean'`` | ``'batchmean'`` | ``'sum'`` | ``'tokenmean'``, as in
+            :func:`ms_kldiv.distillation_loss`: on ``[B, S, V]`` logits ``'batchmean'`` divides by B without labels
+            and by the counted tokens with labels; ``'tokenmean'`` divides by the counted tokens either way.
+            Default: ``'batchmean'``.
         beta (float, optional): 0 forward KL, 1 reverse KL, in between generalized JSD. Default: ``0.0``.
         ignore_index (int, optional): The label of ignored rows. Default: ``-100``.
         backend (str, optional): Implementation, as in :func:`ms_kldiv.kl_div`. Default: ``'auto'``.
 
     Inputs:
         - **student_logits** (Tensor) - Logits of the student, classes on the last axis.
-        - **teacher_logits** (Tensor) - Logits of the teacher, broadcastable with `student_logits`.
+        - **teacher_logits** (Tensor) - Logits of the teacher, of the student's shape or broadcasting to it.
         - **labels** (Tensor, optional) - Labels of the leading shape; rows equal to `ignore_index` are ignored.
 
     Outputs:
-        Tensor of the promoted dtype: the broadcast shape for ``'none'``, else a 0-d Tensor.
+        Tensor of the promoted dtype: the student's shape for ``'none'``, else a 0-d Tensor.
 
     Raises:
         TypeError, ValueError: As :func:`ms_kldiv.distillation_loss`; argument errors are raised by the
