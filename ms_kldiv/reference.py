@@ -104,10 +104,11 @@ def kl_div_grads(x, t, reduction="mean", log_target=False, dout=None):
 
 # ------------------------------------------------------------------------------------------ distillation
 def log_softmax(z):
-    """Stable log-softmax over the last axis, float64 (a row of all -inf gives NaN)."""
+    """Stable log-softmax over the last axis, float64. A row without a distribution (every entry -inf, or a NaN
+    or +inf among them) gives NaN in every entry, as MindSpore's log-softmax does."""
     z = np.asarray(z, np.float64)
     m = np.max(z, axis=-1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)
+    m = np.where(m == -np.inf, 0.0, m)  # every entry -inf: log(0) - (-inf); a +inf or NaN max makes the row NaN
     with np.errstate(all="ignore"):
         return z - m - np.log(np.sum(np.exp(z - m), axis=-1, keepdims=True))
 
