@@ -16,11 +16,11 @@ FLOAT_DTYPES = (ms.float16, ms.bfloat16, ms.float32, ms.float64)
 HALF_DTYPES = (ms.float16, ms.bfloat16)
 
 
-def check_reduction(reduction, log_target, name="kl_div"):
+def check_reduction(reduction, log_target, name="kl_div", allowed=REDUCTIONS):
     if not isinstance(reduction, str):
         raise TypeError(f"For '{name}', 'reduction' must be a str, but got {type(reduction).__name__}: {reduction!r}.")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"For '{name}', 'reduction' must be one of {list(REDUCTIONS)}, but got {reduction!r}.")
+    if reduction not in allowed:
+        raise ValueError(f"For '{name}', 'reduction' must be one of {list(allowed)}, but got {reduction!r}.")
     if not isinstance(log_target, bool):
         raise TypeError(f"For '{name}', 'log_target' must be a bool, but got {type(log_target).__name__}: {log_target!r}.")
 
@@ -89,9 +89,10 @@ def promote(dtype_a, dtype_b):
     return ms.float32
 
 
-def check_tensors(input, target, name="kl_div", names=("input", "target"), min_rank=0):
+def check_tensors(input, target, name="kl_div", names=("input", "target"), min_rank=0, shapes=None):
     """Type, dtype and shape checks; returns the dtype both operands are computed in. ``min_rank``: the least
-    number of dims each operand must have (1 for logits: the classes are on the last axis)."""
+    number of dims each operand must have (1 for logits: the classes are on the last axis). ``shapes``: the
+    shape rule, a constexpr (shape_a, shape_b, name, names); default NumPy broadcasting."""
     for arg_name, value in zip(names, (input, target)):
         if not isinstance(value, Tensor):
             raise TypeError(f"For '{name}', '{arg_name}' must be a mindspore.Tensor, "
@@ -102,8 +103,42 @@ def check_tensors(input, target, name="kl_div", names=("input", "target"), min_r
         if value.ndim < min_rank:
             raise ValueError(f"For '{name}', '{arg_name}' must have at least {min_rank} dimension(s) (the classes "
                              f"on the last axis), but got a {value.ndim}-d Tensor.")
-    kldiv_broadcast_shape(ops.shape(input), ops.shape(target), name, names)
+    (kldiv_broadcast_shape if shapes is None else shapes)(ops.shape(input), ops.shape(target), name, names)
     return promote(input.dtype, target.dtype)
+
+
+def _dim(d):
+    """A dim as an int, or None where it is unknown at compile time (None or negative under dynamic shapes)."""
+    return None if d is None or d < 0 else d
+
+
+def logits_shapes(student_shape, teacher_shape, name, names=("student_logits", "teacher_logits")):
+    """The shapes distillation accepts: the classes on the last axis, as many in both (at least one), and the
+    teacher broadcasting to the student's shape (one teacher distribution may serve several student rows; a
+    student row never serves several teacher rows, which would leave 'batchmean' without a meaning). Dims unknown
+    at compile time are trusted."""
+    if not isinstance(student_shape, (tuple, list)) or not isinstance(teacher_shape, (tuple, list)) \
+            or -2 in student_shape or -2 in teacher_shape:
+        return None  # dynamic rank: nothing to check before the shapes are known
+    s_shape, t_shape = tuple(student_shape), tuple(teacher_shape)
+    vocab_s, vocab_t = _dim(s_shape[-1]), _dim(t_shape[-1])
+    if vocab_s is not None and vocab_t is not None and vocab_s != vocab_t:
+        raise ValueError(f"For '{name}', '{names[0]}' and '{names[1]}' must have the same number of classes (the "
+                         f"last axis), but got shapes {s_shape} and {t_shape}.")
+    if vocab_s == 0 or vocab_t == 0:
+        raise ValueError(f"For '{name}', '{names[0]}' and '{names[1]}' must have at least one class on the last "
+                         f"axis, but got shapes {s_shape} and {t_shape}.")
+    out = broadcast_shapes(s_shape, t_shape, name, names)
+    student_is_broadcast = len(t_shape) > len(s_shape) or any(
+        _dim(d) is not None and _dim(o) is not None and d != o for d, o in zip(s_shape, out))
+    if student_is_broadcast:
+        raise ValueError(f"For '{name}', '{names[1]}' shape {t_shape} must broadcast to '{names[0]}' shape "
+                         f"{s_shape}: the student's rows are the samples, and one student row cannot serve several "
+                         f"teacher rows.")
+    return out
+
+
+kldiv_logits_shapes = constexpr(logits_shapes, check=False)
 
 
 def check_number(value, arg_name, name, low=-math.inf, high=math.inf, low_open=False):

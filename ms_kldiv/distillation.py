@@ -14,8 +14,9 @@ from mindspore import nn, ops
 from mindspore.ops import constexpr
 
 from . import _validation
-from .backends import _device_target_const, check_name, compiled, distill, get_distill_kernels
+from .backends import _device_target_const, check_name_const, compiled, distill, get_distill_kernels
 from .functional import kl_div
+from .reference import DISTILL_REDUCTIONS
 
 _NAME = "distillation_loss"
 _NEG_INF = float("-inf")
@@ -45,19 +46,22 @@ def _const(value, like):
     return ops.cast(_f64(value), like.dtype)
 
 
-def _check_options(temperature, reduction, beta, ignore_index, name):
+def _check_options(temperature, reduction, beta, ignore_index, backend, name):
     _validation.check_temperature(temperature, name)
-    _validation.check_reduction(reduction, True, name)
+    _validation.check_reduction(reduction, True, name, DISTILL_REDUCTIONS)
     _validation.check_number(beta, "beta", name, 0.0, 1.0)
     _validation.check_int(ignore_index, "ignore_index", name)
+    # Up front: the composition reaches kl_div (which would check it) only after both log-softmaxes.
+    _validation.check_backend(backend, name)
+    check_name_const(backend, name)
 
 
-def _check_args(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, name):
+def _check_args(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend, name):
     """All checks, before anything runs; returns the promoted dtype. Plain Python, so it also runs at graph
     compile time."""
-    _check_options(temperature, reduction, beta, ignore_index, name)
+    _check_options(temperature, reduction, beta, ignore_index, backend, name)
     dtype = _validation.check_tensors(student_logits, teacher_logits, name, ("student_logits", "teacher_logits"),
-                                      min_rank=1)
+                                      min_rank=1, shapes=_validation.kldiv_logits_shapes)
     if labels is not None:
         if student_logits.shape != teacher_logits.shape:
             raise ValueError(f"For '{name}', 'labels' needs student and teacher logits of one shape, but got "
@@ -66,9 +70,13 @@ def _check_args(student_logits, teacher_logits, temperature, reduction, beta, la
     return dtype
 
 
-def _log_probs(logits, temperature, compute_dtype):
+def _log_probs(logits, temperature, compute_dtype, keep=None):
     if logits.dtype != compute_dtype:
         logits = ops.cast(logits, compute_dtype)
+    if keep is not None:
+        # Ignored rows' logits become zeros before any math: a NaN or inf there cannot reach the value or, through
+        # a NaN x 0 product in some backward, a gradient (where's backward selects; it does not multiply).
+        logits = ops.where(ops.expand_dims(keep, -1), logits, 0.0)
     if temperature != 1:
         logits = logits / _const(temperature, logits)
     if compute_dtype == ms.float64:
@@ -129,63 +137,150 @@ def _takes_fused(student_logits, teacher_logits, reduction, dtype, dtypes):
             and 0 not in shape and -1 not in shape[-1:])
 
 
-def _reduce_rows(rows, student_logits, reduction, labels, ignore_index):
-    """The reduction of the per-row losses (float32), with ignored rows out of the sums and the denominators."""
-    vocab = student_logits.shape[-1]
-    if labels is not None:
-        keep = labels != ignore_index
-        loss = ops.sum(ops.where(keep, rows, 0.0))
-        if reduction == "sum":
-            return loss
-        counted = ops.sum(ops.cast(keep, ms.float32))
+def _known_size(dims):
+    """The product of ``dims``, or -1 if one is unknown at compile time (None or negative under dynamic shapes)."""
+    n = 1
+    for d in dims:
+        if d is None or d < 0:
+            return -1
+        n *= d
+    return n
+
+
+def _known_rows_fn(shape):
+    return 1 if len(shape) == 1 else _known_size(shape[:-1])
+
+
+# Constexprs: plain Python on the shape, evaluated at compile time in graph mode (unknown dims arrive as None or -1).
+_known_rows = constexpr(_known_rows_fn, check=False)
+_known_numel = constexpr(_known_size, check=False)
+
+
+def _known_dim0_fn(shape):
+    return _known_size(shape[:1])
+
+
+_known_dim0 = constexpr(_known_dim0_fn, check=False)
+
+
+def _dims_product(x, dims, like):
+    """The product of ``x``'s dims at run time, a 0-d tensor of ``like``'s dtype: 'dim0' the first, 'rows' all but
+    the last (rank >= 2), 'vocab' the last, 'all' every one. Slices of ``dyn_shape``, never an integer index, which
+    fails under PyNative grad of grad."""
+    sizes = ops.dyn_shape(x)
+    if dims == "dim0":
+        sizes = sizes[:1]
+    elif dims == "rows":
+        sizes = sizes[:-1]
+    elif dims == "vocab":
+        sizes = sizes[-1:]
+    return ops.cast(ops.prod(ops.cast(sizes, ms.float64)), like.dtype)
+
+
+def _count(known, x, dims, like):
+    return _const(float(known), like) if known >= 0 else _dims_product(x, dims, like)
+
+
+def _reduce(total, student_logits, reduction, keep):
+    """The reduction of ``total``, the sum of the counted rows' terms, by the count ``reduction`` names:
+
+    - 'sum': none; 'batchmean': student_logits.shape[0] (1 for 1-D logits) without labels, the counted rows with
+      labels; 'tokenmean': the counted rows (every position of the leading dims without labels); 'mean': the
+      counted rows x V (all elements without labels).
+    - No rows, or every row ignored: 0, whatever the reduction. MindSpore's CPU ReduceSum of an empty tensor
+      returns uninitialized memory (docs/mindspore-notes.md), so where the row count is not known to be positive
+      at compile time (empty shapes, dynamic shapes) the result is selected by the row count at run time.
+    """
+    shape = ops.shape(student_logits)
+    if reduction == "sum":
+        loss = total
+    elif keep is not None:
+        counted = ops.sum(ops.cast(keep, total.dtype))
         if reduction == "mean":
-            counted = counted * vocab
-        return loss / ops.maximum(counted, 1.0)
-    loss = ops.sum(rows)
-    if reduction == "sum" or (reduction == "batchmean" and student_logits.ndim == 1):
+            counted = counted * _count(_known_numel(shape[-1:]), student_logits, "vocab", total)
+        loss = total / ops.maximum(counted, 1.0)
+    elif len(shape) == 1 and reduction != "mean":
+        loss = total  # a 1-D logits vector is one sample, one row
+    else:
+        if reduction == "batchmean":
+            known, dims = _known_dim0(shape), "dim0"
+        elif reduction == "tokenmean":
+            known, dims = _known_rows(shape), "rows"
+        else:
+            known, dims = _known_numel(shape), "all"
+        loss = total / ops.maximum(_count(known, student_logits, dims, total), 1.0)
+    rows = _known_rows(shape)
+    if rows > 0:
         return loss
-    if reduction == "batchmean":
-        return loss / ops.reshape(ops.cast(ops.dyn_shape(student_logits)[:1], ms.float32), ())
-    return loss / ops.cast(ops.prod(ops.cast(ops.dyn_shape(student_logits), ms.float64)), ms.float32)
+    return ops.where(_count(rows, student_logits, "rows", total) > 0, loss, 0.0)
+
+
+def _compute_dtype(dtype, upcast):
+    """Half types compute in float32: softmax in float16 loses most of the tail mass the student learns from.
+    With ``upcast`` (the composition on CPU/GPU) float32 computes in float64: MindSpore 2.10's CPU float32 exp and
+    log are several ulp off (docs/mindspore-notes.md), which put the composite loss 1e-6..1e-5 relative off the
+    exact value where the fused kernels, which accumulate in double, are ~1e-8."""
+    if dtype in _validation.HALF_DTYPES:
+        return ms.float32
+    if dtype == ms.float32 and upcast:
+        return ms.float64
+    return dtype
+
+
+@constexpr
+def _upcasts(device):
+    # Ascend's vector units have no float64 exp/log: the composition stays float32 there.
+    return device in ("CPU", "GPU")
 
 
 def _distill(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend, dtype):
-    dtypes, rows_op = _fused_rows(backend, _device_target_const(), temperature, beta, compiled(student_logits))
+    keep = None if labels is None else labels != ignore_index
+    device = _device_target_const()
+    graph = compiled(student_logits)
+    dtypes, rows_op = _fused_rows(backend, device, temperature, beta, graph)
     if _takes_fused(student_logits, teacher_logits, reduction, dtype, dtypes):
         if student_logits.dtype != dtype:
             student_logits = ops.cast(student_logits, dtype)
         if teacher_logits.dtype != dtype:
             teacher_logits = ops.cast(teacher_logits, dtype)
-        loss = _reduce_rows(rows_op(student_logits, teacher_logits), student_logits, reduction, labels, ignore_index)
+        rows = rows_op(student_logits, teacher_logits)
+        if beta not in (0, 1):
+            # The fused JSD gives 0, not NaN, for a row where neither model has a distribution (NaN, +inf or
+            # every logit -inf in both: its class terms test p > 0, which NaN fails). The forward KL of the
+            # student against itself is finite (0) on a row with a distribution and NaN on one without, so
+            # adding 0 x that marks those rows as the composition does, for one more read of the student.
+            check = _fused_rows(backend, device, temperature, 0.0, graph)[1]
+            rows = rows + ops.stop_gradient(check(student_logits, student_logits)) * 0.0
+        if keep is not None:
+            rows = ops.where(keep, rows, 0.0)
+        loss = _reduce(ops.sum(rows), student_logits, reduction, keep)
         return loss if dtype == ms.float32 else ops.cast(loss, dtype)
     return _compose(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend,
-                    dtype)
+                    dtype, _compute_dtype(dtype, _upcasts(device)))
 
 
-def _compose(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend, dtype):
-    """Two log-softmaxes and kl_div: every shape, dtype, reduction and device."""
-    # Half types: softmax in float16 loses most of the tail mass the student learns from, so compute in float32
-    # (kl_div widens half types internally anyway) and cast the result back.
-    compute_dtype = ms.float32 if dtype in _validation.HALF_DTYPES else dtype
-    log_p_student = _log_probs(student_logits, temperature, compute_dtype)
-    log_p_teacher = _log_probs(teacher_logits, temperature, compute_dtype)
-    if labels is None:
-        # A 1-D logits vector is a single distribution: a batch of one, so 'batchmean' is its sum.
-        kl_reduction = "sum" if (reduction == "batchmean" and student_logits.ndim == 1) else reduction
-        loss = _divergence(log_p_student, log_p_teacher, beta, kl_reduction, backend)
+def _compose(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend, dtype,
+             compute_dtype=None):
+    """Two log-softmaxes and kl_div: every shape, dtype, reduction and device. ``compute_dtype``: the dtype of
+    the math (default: float32 for half types, else ``dtype``, what a user's own composition computes in)."""
+    if compute_dtype is None:
+        compute_dtype = _compute_dtype(dtype, False)
+    keep = None if labels is None else labels != ignore_index
+    log_p_student = _log_probs(student_logits, temperature, compute_dtype, keep)
+    log_p_teacher = _log_probs(teacher_logits, temperature, compute_dtype, keep)
+    if reduction == "none":
+        loss = _divergence(log_p_student, log_p_teacher, beta, "none", backend)
+        if keep is not None:
+            loss = ops.where(ops.expand_dims(keep, -1), loss, 0.0)
+    elif keep is None:
+        # kl_div's own 'sum' (0 for empty operands); the count is ours: kl_div's 'batchmean' would divide by its
+        # first operand's rows, the teacher's for reverse KL, which may be broadcast.
+        loss = _reduce(_divergence(log_p_student, log_p_teacher, beta, "sum", backend), student_logits, reduction,
+                       None)
     else:
-        # Rows whose label is ignore_index contribute 0 and leave the 'mean'/'batchmean' denominators.
-        keep = ops.expand_dims(labels != ignore_index, -1)
-        pointwise = ops.where(keep, _divergence(log_p_student, log_p_teacher, beta, "none", backend), 0.0)
-        if reduction == "none":
-            loss = pointwise
-        else:
-            loss = ops.sum(pointwise)
-            if reduction != "sum":
-                rows = ops.sum(ops.cast(keep, compute_dtype))
-                if reduction == "mean":
-                    rows = rows * student_logits.shape[-1]
-                loss = loss / ops.maximum(rows, 1.0)
+        # Rows whose label is ignore_index contribute 0 and leave the counts.
+        pointwise = _divergence(log_p_student, log_p_teacher, beta, "none", backend)
+        loss = _reduce(ops.sum(ops.where(ops.expand_dims(keep, -1), pointwise, 0.0)), student_logits, reduction, keep)
     if temperature != 1:
         loss = loss * ops.cast(_squared(temperature), loss.dtype)
     # kl_div returns compute_dtype; decided from the constants rather than loss.dtype, which a custom op's
@@ -233,35 +328,60 @@ def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction
       mathematics says (the student rules out an outcome the teacher considers possible); the gradient
       reaching the teacher is then not finite either. Mask both sides the same way.
 
-    A row whose logits are all :math:`-\infty` has no distribution and gives NaN.
+    Edges (the same on every backend, in PyNative and graph mode; docs/SPEC.md has the full table):
+
+    - A counted row with no distribution in a model (all its logits :math:`-\infty`, or a NaN or :math:`+\infty`
+      among them) gives NaN. Give padded rows `labels` equal to `ignore_index` instead.
+    - Rows whose label is `ignore_index` influence nothing: their logits are replaced by zeros before any math,
+      so NaN or inf there reaches neither the value nor a gradient, and their gradients are exact zeros.
+    - No rows (a leading dim of 0), or every row ignored: 0 for every reduction, gradients 0 (empty).
+    - `labels` are only compared with `ignore_index`: any other value counts the row (they are not class indices).
 
     Args:
         student_logits (Tensor): Logits of the student, classes on the last axis. float16, bfloat16, float32
-            or float64, at least 1-D.
-        teacher_logits (Tensor): Logits of the teacher, broadcastable with `student_logits`.
+            or float64, at least 1-D, at least one class.
+        teacher_logits (Tensor): Logits of the teacher with as many classes as the student, of the student's shape
+            or broadcasting to it (e.g. ``[V]`` or ``[1, V]``: one teacher distribution for every student row). A
+            student shape that would itself need broadcasting is refused: its rows are the samples the reductions
+            count.
         temperature (Union[int, float], optional): Softmax temperature :math:`T > 0`. Default: ``1.0``.
-        reduction (str, optional): ``'none'`` | ``'mean'`` | ``'batchmean'`` | ``'sum'``, as in
-            :func:`ms_kldiv.kl_div`. ``'batchmean'`` (the KL divergence per sample) divides the sum by
-            ``student_logits.shape[0]``; a 1-D `student_logits` is one sample. ``'mean'`` also divides by the
-            number of classes. Default: ``'batchmean'``.
+        reduction (str, optional): ``'none'`` | ``'mean'`` | ``'batchmean'`` | ``'sum'`` | ``'tokenmean'``: the sum
+            of the counted rows' divergences divided by
+
+            - ``'batchmean'``: ``student_logits.shape[0]`` without `labels` (a 1-D `student_logits` is one sample),
+              **but the number of counted rows with** `labels`. On ``[B, S, V]`` logits that is B (the loss per
+              sequence) without labels and the number of counted tokens (the loss per token) with them, as TRL
+              and Liger-Kernel do for their flattened ``[B * S, V]``. Kept for compatibility; say
+              ``'tokenmean'`` to get the per-token loss either way.
+            - ``'tokenmean'``: the number of counted rows: every position of the leading dims (``B * S``) without
+              `labels`, those whose label is not `ignore_index` with them.
+            - ``'mean'``: the counted rows times the number of classes; ``'sum'``: nothing.
+
+            Default: ``'batchmean'``.
         beta (float, optional): Interpolation in [0, 1] between forward KL (0) and reverse KL (1); in between,
             the generalized Jensen-Shannon divergence. Default: ``0.0``.
         labels (Tensor, optional): int32/int64 labels of the logits' leading shape (one per row/token); rows
-            whose label equals `ignore_index` contribute 0 and are left out of the ``'mean'``/``'batchmean'``
-            denominators; all rows ignored gives 0. Needs logits of one shape. Default: ``None``.
+            whose label equals `ignore_index` contribute 0 and are left out of the counts; all rows ignored gives
+            0. Needs logits of one shape. Default: ``None``.
         ignore_index (int, optional): The label of ignored rows. Default: ``-100``.
-        backend (str, optional): Implementation of the KL divergence, as in :func:`ms_kldiv.kl_div`.
-            Default: ``'auto'``.
+        backend (str, optional): ``'auto'`` or a name from :func:`ms_kldiv.backend_names`, checked before anything
+            runs. ``'auto'`` / ``'aot'`` use the fused distillation kernels where they run (CPU, GPU, Ascend with its
+            operators installed) for one shape of float32/half logits and a reducing `reduction`; otherwise, and on
+            ``'composite'`` / ``'akg'``, two log-softmaxes and :func:`ms_kldiv.kl_div` on that backend. On CPU and
+            GPU that composition computes float32 logits in float64 (MindSpore's float32 ``exp`` / ``log`` are
+            several ulp off; the result is within float32 rounding of the exact loss); on Ascend it computes in
+            float32 (about 1e-5 relative). Default: ``'auto'``.
 
     Returns:
-        Tensor of the promoted dtype of the two logits: the broadcast shape for ``'none'``, else 0-d.
+        Tensor of the promoted dtype of the two logits: the student's shape for ``'none'``, else 0-d.
         float16/bfloat16 logits are computed in float32 and the result is cast back.
 
     Raises:
         TypeError: If a logits argument is not a floating-point Tensor, `temperature` is not an int or float,
-            or `reduction` is not a str.
+            `reduction` or `backend` is not a str, or `labels` is not an int32/int64 Tensor.
         ValueError: If `temperature` is not positive and finite, `reduction` or `backend` is unknown, a logits
-            Tensor is 0-d, or the shapes do not broadcast.
+            Tensor is 0-d, the numbers of classes differ or are 0, the teacher does not broadcast to the student's
+            shape, or `labels` does not have the logits' leading shape.
         RuntimeError: If the requested `backend` cannot run on the current device target.
 
     Supported Platforms:
@@ -276,8 +396,8 @@ def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction
         >>> print(loss.shape, loss.dtype, f"{float(loss):.4f}")
         () Float32 0.2660
     """
-    check_name(backend, _NAME)
-    dtype = _check_args(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, _NAME)
+    dtype = _check_args(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend,
+                        _NAME)
     return _distill(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend,
                     dtype)
 
@@ -289,18 +409,21 @@ class DistillationLoss(nn.Cell):
 
     Args:
         temperature (Union[int, float], optional): Softmax temperature :math:`T > 0`. Default: ``1.0``.
-        reduction (str, optional): ``'none'`` | ``'mean'`` | ``'batchmean'`` | ``'sum'``. Default: ``'batchmean'``.
+        reduction (str, optional): ``'none'`` | ``'mean'`` | ``'batchmean'`` | ``'sum'`` | ``'tokenmean'``, as in
+            :func:`ms_kldiv.distillation_loss`: on ``[B, S, V]`` logits ``'batchmean'`` divides by B without labels
+            and by the counted tokens with labels; ``'tokenmean'`` divides by the counted tokens either way.
+            Default: ``'batchmean'``.
         beta (float, optional): 0 forward KL, 1 reverse KL, in between generalized JSD. Default: ``0.0``.
         ignore_index (int, optional): The label of ignored rows. Default: ``-100``.
         backend (str, optional): Implementation, as in :func:`ms_kldiv.kl_div`. Default: ``'auto'``.
 
     Inputs:
         - **student_logits** (Tensor) - Logits of the student, classes on the last axis.
-        - **teacher_logits** (Tensor) - Logits of the teacher, broadcastable with `student_logits`.
+        - **teacher_logits** (Tensor) - Logits of the teacher, of the student's shape or broadcasting to it.
         - **labels** (Tensor, optional) - Labels of the leading shape; rows equal to `ignore_index` are ignored.
 
     Outputs:
-        Tensor of the promoted dtype: the broadcast shape for ``'none'``, else a 0-d Tensor.
+        Tensor of the promoted dtype: the student's shape for ``'none'``, else a 0-d Tensor.
 
     Raises:
         TypeError, ValueError: As :func:`ms_kldiv.distillation_loss`; argument errors are raised by the
@@ -312,8 +435,7 @@ class DistillationLoss(nn.Cell):
 
     def __init__(self, temperature=1.0, reduction="batchmean", *, beta=0.0, ignore_index=-100, backend="auto"):
         super().__init__()
-        _check_options(temperature, reduction, beta, ignore_index, "DistillationLoss")
-        check_name(backend, "DistillationLoss")
+        _check_options(temperature, reduction, beta, ignore_index, backend, "DistillationLoss")
         self.temperature = float(temperature)
         self.reduction = reduction
         self.beta = float(beta)
@@ -322,7 +444,7 @@ class DistillationLoss(nn.Cell):
 
     def construct(self, student_logits, teacher_logits, labels=None):
         dtype = _check_args(student_logits, teacher_logits, self.temperature, self.reduction, self.beta, labels,
-                            self.ignore_index, "DistillationLoss")
+                            self.ignore_index, self.backend, "DistillationLoss")
         return _distill(student_logits, teacher_logits, self.temperature, self.reduction, self.beta, labels,
                         self.ignore_index, self.backend, dtype)
 

@@ -8,6 +8,9 @@ every backend against an independent implementation of the same contract.
 import numpy as np
 
 REDUCTIONS = ("none", "mean", "batchmean", "sum")
+# distillation_loss also takes 'tokenmean': the sum over the counted rows (every position of the leading dims, or
+# those whose label is not ignore_index) divided by their number, with or without labels.
+DISTILL_REDUCTIONS = REDUCTIONS + ("tokenmean",)
 
 
 def has_mass(t, log_target):
@@ -101,10 +104,11 @@ def kl_div_grads(x, t, reduction="mean", log_target=False, dout=None):
 
 # ------------------------------------------------------------------------------------------ distillation
 def log_softmax(z):
-    """Stable log-softmax over the last axis, float64 (a row of all -inf gives NaN)."""
+    """Stable log-softmax over the last axis, float64. A row without a distribution (every entry -inf, or a NaN
+    or +inf among them) gives NaN in every entry, as MindSpore's log-softmax does."""
     z = np.asarray(z, np.float64)
     m = np.max(z, axis=-1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)
+    m = np.where(m == -np.inf, 0.0, m)  # every entry -inf: log(0) - (-inf); a +inf or NaN max makes the row NaN
     with np.errstate(all="ignore"):
         return z - m - np.log(np.sum(np.exp(z - m), axis=-1, keepdims=True))
 
@@ -155,24 +159,95 @@ def distillation_row_grads(student_logits, teacher_logits, temperature=1.0, beta
     return ds * g, dt * g
 
 
+def _distill_keep(student_logits, labels, ignore_index):
+    """The counted rows (bool, the leading shape), or None without labels."""
+    return None if labels is None else np.asarray(labels) != ignore_index
+
+
+def _distill_operands(student_logits, teacher_logits, keep):
+    """float64 logits with ignored rows' logits replaced by zeros (they then influence nothing, NaN and inf
+    included)."""
+    s = np.asarray(student_logits, np.float64)
+    t = np.asarray(teacher_logits, np.float64)
+    if keep is not None:
+        s = np.where(keep[..., None], s, 0.0)
+        t = np.where(keep[..., None], t, 0.0)
+    return s, t
+
+
+def distillation_count(student_shape, reduction, keep=None):
+    """What ``distillation_loss`` divides the sum of the counted rows by (1 for 'none' / 'sum'); 0 when there is
+    nothing to count (no rows, or every row ignored), where the loss is 0."""
+    student_shape = tuple(student_shape)
+    rows = int(np.prod(student_shape[:-1], dtype=np.int64))
+    vocab = student_shape[-1]
+    if reduction in ("none", "sum"):
+        return 1 if rows else 0
+    if keep is not None:
+        counted = int(np.sum(keep))
+        return counted * vocab if reduction == "mean" else counted
+    if reduction == "mean":
+        return rows * vocab
+    if reduction == "batchmean" and len(student_shape) > 1:
+        return student_shape[0]
+    return rows  # 'tokenmean', or 'batchmean' of 1-D logits (one row)
+
+
 def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction="batchmean", beta=0.0,
                       labels=None, ignore_index=-100):
-    """``ms_kldiv.distillation_loss`` in float64: rows whose label is ``ignore_index`` contribute 0 and leave the
-    'mean' / 'batchmean' denominators (0 when every row is ignored)."""
-    terms = distillation_pointwise(student_logits, teacher_logits, temperature, beta)
-    if labels is None:
-        student_shape = np.shape(student_logits)
-        red = "sum" if (reduction == "batchmean" and len(student_shape) == 1) else reduction
-        if red == "none":
-            return terms
-        with np.errstate(all="ignore"):
-            return np.asarray(terms.sum() * reduction_scale(red, student_shape, terms.shape))
-    keep = (np.asarray(labels) != ignore_index)[..., None]
-    terms = np.where(keep, terms, 0.0)
+    """``ms_kldiv.distillation_loss`` in float64. The teacher may broadcast to the student's shape. Rows whose label
+    is ``ignore_index`` contribute 0 (their logits, NaN or inf included, are not used) and leave the counts; the sum
+    is divided by ``distillation_count``; no rows or every row ignored gives 0 for every reduction."""
+    keep = _distill_keep(student_logits, labels, ignore_index)
+    s, t = _distill_operands(student_logits, teacher_logits, keep)
+    terms = np.broadcast_to(distillation_pointwise(s, t, temperature, beta), s.shape)
+    if keep is not None:
+        terms = np.where(keep[..., None], terms, 0.0)
     if reduction == "none":
-        return terms
-    rows = float(keep.sum()) * (terms.shape[-1] if reduction == "mean" else 1)
-    total = terms.sum()
-    if reduction == "sum":
-        return np.asarray(total)
-    return np.asarray(total / max(rows, 1.0))
+        return np.array(terms)
+    count = distillation_count(s.shape, reduction, keep)
+    if count == 0:
+        return np.asarray(0.0)
+    with np.errstate(all="ignore"):
+        return np.asarray(terms.sum() / count)
+
+
+def distillation_grads(student_logits, teacher_logits, temperature=1.0, reduction="batchmean", beta=0.0,
+                       labels=None, ignore_index=-100, dout=None):
+    """(d_student, d_teacher) of ``sum(distillation_loss(...) * dout)``, float64, d_teacher summed back to the
+    teacher's shape. ``dout``: the incoming gradient, broadcastable to the student's shape for 'none' (it may vary
+    over the classes), a scalar otherwise; default ones. Ignored rows get exact zeros.
+
+    In log space every term depends on its own class only: d term_j / d log P_s,j = a_j and d / d log P_t,j = b_j
+    with a, b of ``distillation_row_grads`` (forward KL: a = -P_t, b = P_t (log P_t - log P_s + 1); reverse KL the
+    mirror image), then the log-softmax's backward, times T^2 / T."""
+    temperature = float(temperature)
+    keep = _distill_keep(student_logits, labels, ignore_index)
+    s, t = _distill_operands(student_logits, teacher_logits, keep)
+    t_shape = t.shape
+    ls = log_softmax(s / temperature)
+    lt = np.broadcast_to(log_softmax(t / temperature), ls.shape)
+    ps, pt = np.exp(ls), np.exp(lt)
+    with np.errstate(all="ignore"):
+        if beta == 0:
+            a = -pt
+            b = np.where(pt > 0, pt * (lt - ls + 1.0), 0.0)
+        elif beta == 1:
+            a = np.where(ps > 0, ps * (ls - lt + 1.0), 0.0)
+            b = -ps
+        else:
+            lm = np.logaddexp(ls + np.log1p(-beta), lt + np.log(beta))
+            a = np.where(ps > 0, (1 - beta) * ps * (ls - lm), 0.0)
+            b = np.where(pt > 0, beta * pt * (lt - lm), 0.0)
+        count = distillation_count(s.shape, reduction, keep)
+        w = np.ones(()) if dout is None else np.asarray(dout, np.float64)
+        w = np.broadcast_to(w if reduction == "none" else w / max(count, 1), ls.shape)
+        if keep is not None:
+            w = np.where(keep[..., None], w, 0.0)
+        ga, gb = w * a, w * b
+        ds = temperature * (ga - ps * ga.sum(axis=-1, keepdims=True))
+        dt = temperature * (gb - pt * gb.sum(axis=-1, keepdims=True))
+    if keep is not None:
+        ds = np.where(keep[..., None], ds, 0.0)
+        dt = np.where(keep[..., None], dt, 0.0)
+    return ds, sum_to(dt, t_shape)

@@ -272,8 +272,11 @@ def test_tensor_checks():
         ms_kldiv.distillation_loss(s.asnumpy(), t)
     with pytest.raises(TypeError, match=r"^For 'distillation_loss', 'teacher_logits'"):
         ms_kldiv.distillation_loss(s, ms.Tensor(np.zeros((2, 3), np.int32)))
-    with pytest.raises(ValueError, match=r"^For 'distillation_loss'.*cannot be broadcast"):
+    with pytest.raises(ValueError, match=r"^For 'distillation_loss', 'student_logits' and 'teacher_logits' must have "
+                                         r"the same number of classes"):
         ms_kldiv.distillation_loss(s, ms.Tensor(np.zeros((2, 4), np.float32)))
+    with pytest.raises(ValueError, match=r"^For 'distillation_loss'.*cannot be broadcast"):
+        ms_kldiv.distillation_loss(s, ms.Tensor(np.zeros((3, 3), np.float32)))
     with pytest.raises(ValueError, match=r"^For 'distillation_loss', 'student_logits' must have at least 1"):
         ms_kldiv.distillation_loss(ms.Tensor(1.0), t)
 
@@ -284,8 +287,10 @@ def test_checks_in_graph_mode():
     ms.set_context(mode=ms.GRAPH_MODE)
     try:
         s, _ = _st()
-        with pytest.raises(ValueError, match="cannot be broadcast"):
+        with pytest.raises(ValueError, match="^For 'DistillationLoss'.*same number of classes"):
             DistillationLoss(2.0)(s, ms.Tensor(np.zeros((2, 4), np.float32)))
+        with pytest.raises(ValueError, match="^For 'DistillationLoss'.*cannot be broadcast"):
+            DistillationLoss(2.0)(s, ms.Tensor(np.zeros((3, 3), np.float32)))
     finally:
         ms.set_context(mode=old)
 

@@ -95,6 +95,11 @@ def check_name(name, caller="kl_div"):
         raise ValueError(f"For '{caller}', 'backend' must be 'auto' or one of {list(_REGISTRY)}, but got {name!r}.")
 
 
+# The same check at graph compile time (graph mode parses every function reachable from construct; the registry
+# lookup is plain Python it need not see).
+check_name_const = constexpr(check_name)
+
+
 def resolve(name="auto", device=None, op="kl_div", caller=None):
     """The Backend that ``backend=name`` runs ``op`` with on ``device`` (default: the current device target)."""
     device = device or device_target()
