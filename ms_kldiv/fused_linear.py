@@ -272,9 +272,11 @@ class FusedLinearDistillationLoss(nn.Cell):
     Distillation loss of a student's output head against a teacher's, computed chunk by chunk from the hidden
     states so that the N x V logits never exist.
 
-    The soft term equals :func:`ms_kldiv.distillation_loss` of the two heads' logits with ``'batchmean'``::
+    The soft term is per counted token: it equals :func:`ms_kldiv.distillation_loss` of the two heads' logits with
+    ``'tokenmean'`` (for ``[N, H]`` hidden states also ``'batchmean'``; for ``[B, S, H]`` without labels
+    ``'batchmean'`` would divide by ``B``)::
 
-        distillation_loss(student_hidden @ W_s^T + b_s, teacher_hidden @ W_t^T + b_t, temperature, 'batchmean',
+        distillation_loss(student_hidden @ W_s^T + b_s, teacher_hidden @ W_t^T + b_t, temperature, 'tokenmean',
                           beta=beta, labels=labels, ignore_index=ignore_index)
 
     and the optional hard term is the cross-entropy of the student's logits against `labels` (same ignored rows,
