@@ -129,12 +129,22 @@ def _fused_rows(backend, device, temperature, beta, graph):
     return kernels.dtypes, distill.rows_op(kernels, temperature, beta, split=graph)
 
 
+def _fusable_fn(student_shape, teacher_shape, reduction):
+    # The kernels take one shape [..., V] with V >= 1 known at compile time and some rows; 'none' needs the pointwise
+    # [..., V] terms, which the composition gives. Dims unknown at compile time (None or -1) are trusted to match.
+    s_shape, t_shape = tuple(student_shape), tuple(teacher_shape)
+    vocab = s_shape[-1]
+    return (reduction != "none" and s_shape == t_shape and vocab is not None and vocab > 0 and 0 not in s_shape)
+
+
+# A constexpr: in graph code a comparison of dynamic dims is a run-time value, which a branch cannot join with a
+# constant (a 'none' reduction with unknown rows failed to compile: "Type Join Failed: Bool, Any").
+_fusable = constexpr(_fusable_fn, check=False)
+
+
 def _takes_fused(student_logits, teacher_logits, reduction, dtype, dtypes):
-    # The kernels take one shape [..., V] with V >= 1 and some rows; 'none' needs the pointwise [..., V] terms,
-    # which the composition gives.
-    shape = student_logits.shape
-    return (reduction != "none" and shape == teacher_logits.shape and dtype in dtypes and None not in shape[-1:]
-            and 0 not in shape and -1 not in shape[-1:])
+    # A dtype the kernels take (float64 runs the composition).
+    return dtype in dtypes and _fusable(ops.shape(student_logits), ops.shape(teacher_logits), reduction)
 
 
 def _known_size(dims):
@@ -161,6 +171,13 @@ def _known_dim0_fn(shape):
 
 
 _known_dim0 = constexpr(_known_dim0_fn, check=False)
+
+
+def _shapes_differ_fn(shape_a, shape_b):
+    return tuple(shape_a) != tuple(shape_b)
+
+
+_shapes_differ = constexpr(_shapes_differ_fn, check=False)
 
 
 def _dims_product(x, dims, like):
@@ -268,6 +285,13 @@ def _compose(student_logits, teacher_logits, temperature, reduction, beta, label
     keep = None if labels is None else labels != ignore_index
     log_p_student = _log_probs(student_logits, temperature, compute_dtype, keep)
     log_p_teacher = _log_probs(teacher_logits, temperature, compute_dtype, keep)
+    if _known_rows(ops.shape(student_logits)) <= 0 and _shapes_differ(ops.shape(student_logits),
+                                                                       ops.shape(teacher_logits)):
+        # Autodiff sums a broadcast teacher's gradient back to its shape with ReduceSum, which returns uninitialized
+        # memory on CPU when the student has no rows: where the row count may be 0, the teacher's gradient passes
+        # a select on it (a select, unlike a product, drops a garbage cotangent).
+        has_rows = _count(-1, student_logits, "rows", log_p_teacher) > 0
+        log_p_teacher = ops.where(has_rows, log_p_teacher, ops.stop_gradient(log_p_teacher))
     if reduction == "none":
         loss = _divergence(log_p_student, log_p_teacher, beta, "none", backend)
         if keep is not None:

@@ -100,6 +100,11 @@ def test_empty_batch_is_zero(backend, mode):
             assert reduction == "none" or value == 0, (shape, with_labels, reduction, value)
             assert ds.shape == shape and dt.shape == shape
         check(got, expected(np.zeros(shape), np.zeros(shape), labels, beta=beta))
+    # a broadcast teacher's gradient is summed over the student's rows: none here, so exactly 0 (MindSpore's sum
+    # back over an empty axis returned uninitialized memory)
+    got = run(mode, backend, np.zeros((0, 5)), np.array([0.3, -0.4, 1.0, 0.0, 2.0]), beta=0.5)
+    for reduction, (value, ds, dt) in got.items():
+        assert dt.shape == (5,) and np.all(dt == 0), (reduction, dt)
 
 
 @pytest.mark.parametrize("backend", DISTILL_BACKENDS)
