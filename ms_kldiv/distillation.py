@@ -7,31 +7,23 @@ which divides by the number of classes as well as the batch; and with MindSpore'
 gets no gradient, which silently breaks trainable teachers and mutual learning.
 """
 import functools
-import math
 
 import mindspore as ms
 from mindspore import nn, ops
 from mindspore.ops import constexpr
 
 from . import _validation
+from ._distill_math import constants, log_mixture, log_softmax_plain
 from .backends import _device_target_const, check_name_const, compiled, distill, get_distill_kernels
 from .functional import kl_div
 from .reference import DISTILL_REDUCTIONS
 
 _NAME = "distillation_loss"
-_NEG_INF = float("-inf")
 
 
 @constexpr
 def _f64(value):
     return ms.Tensor(value, ms.float64)
-
-
-@constexpr
-def _jsd_constants(beta):
-    """beta, 1 - beta and their logs, computed in Python: graph mode does arithmetic on constants (and
-    math.log1p) in float32."""
-    return tuple(ms.Tensor(v, ms.float64) for v in (beta, 1.0 - beta, math.log(beta), math.log1p(-beta)))
 
 
 @constexpr
@@ -80,30 +72,10 @@ def _log_probs(logits, temperature, compute_dtype, keep=None):
     if temperature != 1:
         logits = logits / _const(temperature, logits)
     if compute_dtype == ms.float64:
-        # MindSpore's CPU LogSoftmax computes float64 at float32 accuracy (~3e-6 error, measured in 2.10).
-        return _log_softmax_exact(logits)
+        # MindSpore's CPU LogSoftmax computes float64 at float32 accuracy.
+        return log_softmax_plain(logits)
     # log_softmax subtracts the row max, so large logits do not overflow, and -inf (masked) logits stay -inf.
     return ops.log_softmax(logits, -1)
-
-
-def _log_softmax_exact(z):
-    # The shift cancels in the gradient (softmax sums to 1), so it is a constant to autodiff; that also keeps
-    # amax's tie-breaking gradient out of the picture.
-    m = ops.stop_gradient(ops.amax(z, -1, True))
-    shifted = z - m
-    return shifted - ops.log(ops.sum(ops.exp(shifted), -1, keepdim=True))
-
-
-def _log_mixture(log_p_student, log_p_teacher, beta):
-    """log(beta * P_t + (1 - beta) * P_s), stable. Lanes where both are -inf (a class masked in both models) get
-    safe operands and -inf after, so that no gradient sees exp(-inf - -inf)."""
-    both = ops.logical_and(log_p_student == _NEG_INF, log_p_teacher == _NEG_INF)
-    _, _, log_beta, log_1m_beta = _jsd_constants(beta)
-    a = ops.where(both, 0.0, log_p_teacher) + ops.cast(log_beta, log_p_teacher.dtype)
-    b = ops.where(both, 0.0, log_p_student) + ops.cast(log_1m_beta, log_p_student.dtype)
-    m = ops.stop_gradient(ops.maximum(a, b))
-    mixed = m + ops.log(ops.exp(a - m) + ops.exp(b - m))
-    return ops.where(both, _NEG_INF, mixed)
 
 
 def _divergence(log_p_student, log_p_teacher, beta, reduction, backend):
@@ -113,8 +85,9 @@ def _divergence(log_p_student, log_p_teacher, beta, reduction, backend):
         return kl_div(log_p_student, log_p_teacher, reduction=reduction, log_target=True, backend=backend)
     if beta == 1:
         return kl_div(log_p_teacher, log_p_student, reduction=reduction, log_target=True, backend=backend)
-    log_m = _log_mixture(log_p_student, log_p_teacher, beta)
-    w_teacher, w_student, _, _ = _jsd_constants(beta)
+    w_teacher, w_student, log_w_teacher, log_w_student = constants(1.0, beta)[3:]
+    log_m = log_mixture(log_p_student, log_p_teacher, ops.cast(log_w_teacher, log_p_teacher.dtype),
+                        ops.cast(log_w_student, log_p_student.dtype))
     return (ops.cast(w_teacher, log_m.dtype) * kl_div(log_m, log_p_teacher, reduction=reduction, log_target=True,
                                                        backend=backend)
             + ops.cast(w_student, log_m.dtype) * kl_div(log_m, log_p_student, reduction=reduction, log_target=True,
