@@ -379,7 +379,8 @@ def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction
         ValueError: If `temperature` is not positive and finite, `reduction` or `backend` is unknown, a logits
             Tensor is 0-d, the numbers of classes differ or are 0, the teacher does not broadcast to the student's
             shape, or `labels` does not have the logits' leading shape.
-        RuntimeError: If the requested `backend` cannot run on the current device target.
+        RuntimeError: If the requested `backend` cannot run distillation on the current device target (the message
+            gives the registry's reason, e.g. a backend that implements kl_div only).
 
     Supported Platforms:
         ``Ascend`` ``GPU`` ``CPU``

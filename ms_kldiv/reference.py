@@ -25,37 +25,31 @@ def safe_operands(x, t, log_target=False):
     return mass, np.where(mass, x, 0.0), np.where(mass, t, 0.0 if log_target else 1.0)
 
 
-def pointwise_loss(x, t, log_target=False):
-    """Elementwise loss with the zero-mass rule, broadcast, float64."""
+def _elementwise(x, t, log_target, log_space, prob_space):
+    """The formulas of one target space, ``(xs, ts) -> tuple of arrays``, on safe operands, with the zero-mass rule
+    (0 where the target has no mass); broadcast, float64."""
     mass, xs, ts = safe_operands(x, t, log_target)
     with np.errstate(all="ignore"):
-        val = np.exp(ts) * (ts - xs) if log_target else ts * (np.log(ts) - xs)
-    return np.where(mass, val, 0.0)
+        values = (log_space if log_target else prob_space)(xs, ts)
+    return tuple(np.where(mass, v, 0.0) for v in values)
+
+
+def pointwise_loss(x, t, log_target=False):
+    """Elementwise loss with the zero-mass rule, broadcast, float64."""
+    return _elementwise(x, t, log_target, lambda xs, ts: (np.exp(ts) * (ts - xs),),
+                        lambda xs, ts: (ts * (np.log(ts) - xs),))[0]
 
 
 def pointwise_grads(x, t, log_target=False):
     """(d/dinput, d/dtarget) elementwise, broadcast shape, float64."""
-    mass, xs, ts = safe_operands(x, t, log_target)
-    with np.errstate(all="ignore"):
-        if log_target:
-            e = np.exp(ts)
-            dx, dt = -e, e * (ts - xs + 1.0)
-        else:
-            dx, dt = -ts, np.log(ts) + 1.0 - xs
-    return np.where(mass, dx, 0.0), np.where(mass, dt, 0.0)
+    return _elementwise(x, t, log_target, lambda xs, ts: (-np.exp(ts), np.exp(ts) * (ts - xs + 1.0)),
+                        lambda xs, ts: (-ts, np.log(ts) + 1.0 - xs))
 
 
 def pointwise_second(x, t, log_target=False):
     """Second derivatives (d2/dx dt, d2/dt dx, d2/dt2) elementwise, float64; d2/dx2 is 0."""
-    mass, xs, ts = safe_operands(x, t, log_target)
-    with np.errstate(all="ignore"):
-        if log_target:
-            e = np.exp(ts)
-            cross, tt = -e, e * (ts - xs + 2.0)
-        else:
-            cross, tt = -np.ones_like(ts), 1.0 / ts
-    cross = np.where(mass, cross, 0.0)
-    return cross, cross, np.where(mass, tt, 0.0)
+    return _elementwise(x, t, log_target, lambda xs, ts: (-np.exp(ts), -np.exp(ts), np.exp(ts) * (ts - xs + 2.0)),
+                        lambda xs, ts: (-np.ones_like(ts), -np.ones_like(ts), 1.0 / ts))
 
 
 def reduction_scale(reduction, input_shape, out_shape):
