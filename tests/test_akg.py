@@ -61,7 +61,7 @@ def test_reason_on_unsupported_device():
 
 @needs_akg
 def test_explicit_request_names_the_reason(monkeypatch):
-    monkeypatch.setattr(akg_mod.AkgBackend, "unavailable_reason", lambda self, device: "AKG is broken here")
+    monkeypatch.setattr(akg_mod.AkgBackend, "unavailable_reason", lambda self, device, op="kl_div": "AKG is broken here")
     with pytest.raises(RuntimeError, match="AKG is broken here"):
         resolve("akg", "CPU")
 

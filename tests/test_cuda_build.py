@@ -205,21 +205,25 @@ def test_every_kernel_is_in_each_architecture_cubin(cubins):
 
 
 def test_distillation_on_gpu_routes_to_this_library(cuda_lib, monkeypatch):
-    """On device 'GPU', 'auto' distillation takes the fused kernels of libkldiv_cuda.so (GPU Custom ops on the
-    library's Distill* symbols); only building the ops is possible here (no GPU to launch them)."""
-    from ms_kldiv import distillation
-    from ms_kldiv.backends import distill
-    monkeypatch.setattr(distill._build, "ensure_library", lambda device, **_: cuda_lib if device == "GPU" else None)
-    kernels = distill.aot_kernels("GPU")
-    assert isinstance(kernels, distill.AotDistillKernels)
-    assert (kernels.lib_path, kernels.target) == (cuda_lib, "GPU")
+    """On device 'GPU', the registry gives 'auto' distillation the fused kernels of libkldiv_cuda.so (GPU Custom ops
+    on the library's Distill* symbols) and 'composite' the closed forms; only building the ops is possible here (no
+    GPU to launch them)."""
+    from ms_kldiv import backends, distillation
+    from ms_kldiv.backends import aot, composite, distill
+    monkeypatch.setattr(aot._build, "ensure_library", lambda device, **_: cuda_lib if device == "GPU" else None)
+    aot_backend = backends.get("aot", "GPU")
+    monkeypatch.setattr(aot_backend, "_libs", {})
+    backends._distill_kernels.cache_clear()
     distillation._fused_rows.cache_clear()
     try:
-        rows = distillation._fused_rows("auto", "GPU", 2.0, 0.5, False)
-        assert rows is not None
+        name, kernels = backends.get_distill_kernels("auto", "GPU")
+        assert name == "aot" and isinstance(kernels, distill.AotDistillKernels)
+        assert (kernels.lib_path, kernels.target) == (cuda_lib, "GPU")
+        _, rows = distillation._fused_rows("auto", "GPU", 2.0, 0.5, False)
         names = [c.op.func for _, c in rows.cells_and_names() if isinstance(c, distill._AotKernel)]
         assert sorted(n.rsplit(":", 1)[1] for n in names) == ["DistillBwd", "DistillFwd"]
         assert all(n.rsplit(":", 1)[0] == cuda_lib for n in names)
-        assert distillation._fused_rows("composite", "GPU", 2.0, 0.5, False) is None
+        assert isinstance(backends.get_distill_kernels("composite", "GPU")[1], composite.CompositeDistillKernels)
     finally:
+        backends._distill_kernels.cache_clear()
         distillation._fused_rows.cache_clear()
