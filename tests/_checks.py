@@ -138,3 +138,16 @@ def check_outcomes(results, x, t, log_target, w_none, w_red, dtype, grads=True, 
             assert g.dtype == dt, f"{tag} {name}: dtype {g.dtype} != operand's {dt}"
             # Summing a broadcast gradient back in the operand's half dtype adds one rounding per term.
             assert_close(to_numpy(g), e, dt, m, f"{tag} {name}")
+
+
+def central_differences(f, a, h=1e-6):
+    """d f / d a by central differences on every finite element of the float64 array ``a`` (small inputs only)."""
+    g = np.zeros_like(a)
+    for i in np.ndindex(a.shape):
+        if not np.isfinite(a[i]):
+            continue
+        ap, am = a.copy(), a.copy()
+        ap[i] += h
+        am[i] -= h
+        g[i] = (f(ap) - f(am)) / (2 * h)
+    return g

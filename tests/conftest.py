@@ -74,8 +74,8 @@ except ImportError:
 
 # The helpers live in _checks.py (data, reference, comparisons) and _runners.py (modes, Cells, run); tests
 # import them from here.
-from _checks import (DTYPES, DTYPE_IDS, SUBNORMAL_SPACING, TOL, Expected, assert_close, check_outcomes,  # noqa: E402,F401
-                     cpu_isa, dense, distill_abi_kernels, make, reference, to_numpy)
+from _checks import (DTYPES, DTYPE_IDS, SUBNORMAL_SPACING, TOL, Expected, assert_close, central_differences,  # noqa: E402,F401
+                     check_outcomes, cpu_isa, dense, distill_abi_kernels, make, reference, to_numpy)
 from _runners import (COMPILED_MODES, MODES, REDUCTIONS, AllReductions, AllSecondOrders, FirstOrder,  # noqa: E402,F401
                       FunctionalLoss, Outcome, SecondOrder, Weighted, call_in_mode, graph_mode, loss_cell, run,
                       run_second_order)

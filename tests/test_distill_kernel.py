@@ -12,7 +12,7 @@ import ms_kldiv
 from ms_kldiv import reference
 from ms_kldiv.backends import distill, get_distill_kernels
 
-from conftest import graph_mode
+from conftest import central_differences, graph_mode
 
 _AOT_DISTILL = any(r["name"] == "aot" and r["available"] for r in ms_kldiv.backend_info("CPU", op="distillation"))
 pytestmark = pytest.mark.skipif(not _AOT_DISTILL or ms.get_context("device_target") != "CPU",
@@ -71,21 +71,7 @@ def _ref_grads(s, t, temperature, reduction, beta, labels=None, eps=None):
     def f(a, b):
         return reference.distillation_loss(a, b, temperature, reduction, beta, labels=labels)
 
-    grads = []
-    for which in (0, 1):
-        base = (s, t)[which]
-        g = np.zeros_like(base)
-        for idx in np.ndindex(base.shape):
-            if not np.isfinite(base[idx]):
-                continue
-            up, dn = base.copy(), base.copy()
-            up[idx] += eps
-            dn[idx] -= eps
-            args_up = (up, t) if which == 0 else (s, up)
-            args_dn = (dn, t) if which == 0 else (s, dn)
-            g[idx] = (f(*args_up) - f(*args_dn)) / (2 * eps)
-        grads.append(g)
-    return grads
+    return [central_differences(lambda a: f(a, t), s, eps), central_differences(lambda b: f(s, b), t, eps)]
 
 
 def test_auto_uses_the_fused_kernels_on_cpu():
