@@ -27,7 +27,7 @@ from mindspore.ops import constexpr
 
 from . import _validation
 from ._distill_math import cross_entropy_and_grad
-from .backends import compiled, get_distill_kernels
+from .backends import check_name, compiled, get_distill_kernels
 
 _NAME = "FusedLinearDistillationLoss"
 #: Default bound on one chunk's logits (student and teacher together), in bytes of float32.
@@ -52,7 +52,8 @@ class _ChunkStep(nn.Cell):
 
     The carry is (inputs..., accumulators...): hidden states [N, H], weights [V, H], biases [V] of both models (the
     teacher's hidden states are its logits [N, V] when ``teacher_logits``), labels [N] int32, the 0-d scale
-    1 / counted rows, ``0..C-1`` (int32 [C]: C, the rows per chunk, is its static length); then the loss and the gradients of the six tensors (a 0-d zero for those not computed).
+    1 / counted rows, ``0..C-1`` (int32 [C]: C, the rows per chunk, is its static length); then the loss and the
+    gradients of the six tensors (a 0-d zero for those not computed).
     ``student`` / ``teacher``: which gradients this pass computes (the loss comes with the student's)."""
 
     def __init__(self, kernels, temperature, beta, ignore_index, hard_weight, soft_weight, student, teacher,
@@ -76,9 +77,10 @@ class _ChunkStep(nn.Cell):
         f32 = ms.float32
         rows = ops.cast(ops.dyn_shape(labels)[0], ms.int32)
         idx = offsets + i * offsets.shape[0]
-        label = ops.gather(labels, ops.minimum(idx, rows - 1), 0)
-        keep = ops.logical_and(idx < rows, label != self.ignore_index)
-        idx = ops.minimum(idx, rows - 1)
+        inside = idx < rows
+        idx = ops.minimum(idx, rows - 1)  # the last chunk's overhang repeats the last row, masked out by keep
+        label = ops.gather(labels, idx, 0)
+        keep = ops.logical_and(inside, label != self.ignore_index)
         rows_kept = ops.expand_dims(keep, 1)
         # Rows not counted are zeroed before the matmuls: their NaN or inf must not reach any gradient (0 * NaN).
         hs_c = ops.where(rows_kept, ops.gather(hs, idx, 0), 0.0)
@@ -342,7 +344,7 @@ class FusedLinearDistillationLoss(nn.Cell):
         self.chunk_size = chunk_size
         self.chunk_bytes = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
         self.teacher_grad = teacher_grad is not False
-        self.backend, kernels = get_distill_kernels_checked(backend)
+        self.backend, kernels = _kernels_for(backend)
         args = (kernels, self.temperature, self.beta, ignore_index, self.hard_weight, self.soft_weight, chunk_size,
                 self.chunk_bytes)
         self.core = _FusedCore(*args, self.teacher_grad)
@@ -388,8 +390,9 @@ class FusedLinearDistillationLoss(nn.Cell):
                 f"backend={self.backend!r}")
 
 
-def get_distill_kernels_checked(backend):
-    _validation.check_backend(backend, _NAME)
+def _kernels_for(backend):
+    """(backend chosen, its distillation kernels); a bad ``backend=`` is named for this Cell."""
+    check_name(backend, _NAME)
     return get_distill_kernels(backend)
 
 
