@@ -18,9 +18,11 @@ from .functional import kl_div  # noqa: E402
 from .fused_linear import FusedLinearDistillationLoss  # noqa: E402
 from . import nn  # noqa: E402
 from .nn import KLDivLoss  # noqa: E402
+from .sparse_distillation import SparseDistillationLoss, sparse_distillation_loss  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["kl_div", "KLDivLoss", "nn", "distillation_loss", "DistillationLoss", "FusedLinearDistillationLoss", "backend_names", "backend_info"]
+__all__ = ["kl_div", "KLDivLoss", "nn", "distillation_loss", "DistillationLoss", "FusedLinearDistillationLoss",
+           "sparse_distillation_loss", "SparseDistillationLoss", "backend_names", "backend_info"]
 
 
 def backend_names():

@@ -245,3 +245,99 @@ def distillation_grads(student_logits, teacher_logits, temperature=1.0, reductio
         ds = np.where(keep[..., None], ds, 0.0)
         dt = np.where(keep[..., None], dt, 0.0)
     return ds, sum_to(dt, t_shape)
+
+
+# ------------------------------------------------------------------------------------------ stored (sparse) teachers
+SPARSE_MODES = ("renormalize", "tail", "sampled")
+SPARSE_REDUCTIONS = ("none", "sum", "batchmean", "tokenmean")
+
+
+def sparse_support(student_logits, teacher_ids, teacher_values, mode="renormalize", temperature=1.0,
+                   teacher_temperature=1.0):
+    """The two distributions a stored-teacher loss compares, over K + 1 buckets per row (the K ids, then the
+    tail: every class not among the ids), as float64 log-probabilities (log r for the student, log q for the
+    teacher), with the bucket of a padding id (negative) at -inf in both.
+
+    - student: log r_i = log softmax(s / T)[id_i]; the tail bucket holds the student's mass off the ids.
+    - 'renormalize': teacher logits over the ids (T0 / T) * logprob_i (T0 = ``teacher_temperature``), softmax over
+      the ids; the tail bucket is empty (-inf).
+    - 'tail': the same logits plus a tail bucket (T0 / T) * log(1 - sum_i exp(logprob_i)), softmax over the K + 1.
+      At T = T0 the teacher keeps its own probabilities and its missing mass.
+    - 'sampled': counts c_i; q_i = c_i / sum(c) (no re-tempering), tail empty.
+
+    Where the student has no mass off the ids (the ids cover its vocabulary) there is no tail in either model."""
+    s = np.asarray(student_logits, np.float64)
+    ids = np.asarray(teacher_ids)
+    vals = np.asarray(teacher_values, np.float64)
+    valid = ids >= 0
+    idc = np.where(valid, ids, 0)
+    ls = log_softmax(s / temperature)
+    log_r = np.where(valid, np.take_along_axis(ls, idc, -1), -np.inf)
+    # classes off the ids; a padding id marks a spare column past the vocabulary
+    off = np.ones(s.shape[:-1] + (s.shape[-1] + 1,), bool)
+    np.put_along_axis(off, np.where(valid, ids, s.shape[-1]), False, -1)
+    off = off[..., :-1]
+    with np.errstate(all="ignore"):
+        log_r_tail = np.log(np.sum(np.where(off, np.exp(ls), 0.0), -1))
+        if mode == "sampled":
+            y = np.where(valid, np.log(vals), -np.inf)
+            y_tail = np.full(y.shape[:-1], -np.inf)
+        else:
+            ratio = teacher_temperature / temperature
+            y = np.where(valid, ratio * vals, -np.inf)
+            if mode == "tail":
+                kept = np.log(np.sum(np.where(valid, np.exp(vals), 0.0), -1))
+                y_tail = ratio * np.log(-np.expm1(np.minimum(kept, 0.0)))
+            else:
+                y_tail = np.full(y.shape[:-1], -np.inf)
+        y_tail = np.where(log_r_tail == -np.inf, -np.inf, y_tail)
+        log_q = log_softmax(np.concatenate([y, y_tail[..., None]], -1))
+    return np.concatenate([log_r, log_r_tail[..., None]], -1), log_q
+
+
+def _support_divergence(log_r, log_q, beta):
+    """Row divergences over the buckets (the generalized JSD family of ``distillation_pointwise``), float64."""
+    if beta == 0:
+        terms = pointwise_loss(log_r, log_q, log_target=True)
+    elif beta == 1:
+        terms = pointwise_loss(log_q, log_r, log_target=True)
+    else:
+        with np.errstate(all="ignore"):
+            lm = np.logaddexp(log_r + np.log1p(-beta), log_q + np.log(beta))
+        terms = beta * pointwise_loss(lm, log_q, log_target=True) + (1 - beta) * pointwise_loss(lm, log_r, True)
+    return terms.sum(-1)
+
+
+def sparse_distillation_rows(student_logits, teacher_ids, teacher_values, mode="renormalize", temperature=1.0,
+                             teacher_temperature=1.0, beta=0.0):
+    """T^2 times each row's divergence between the stored teacher and the student (``sparse_support``), float64,
+    the logits' leading shape. With ids covering the vocabulary it is ``distillation_pointwise(...).sum(-1)``."""
+    log_r, log_q = sparse_support(student_logits, teacher_ids, teacher_values, mode, temperature,
+                                  teacher_temperature)
+    return _support_divergence(log_r, log_q, beta) * temperature ** 2
+
+
+def sparse_distillation_loss(student_logits, teacher_ids, teacher_values, mode="renormalize", temperature=1.0,
+                             teacher_temperature=1.0, beta=0.0, reduction="batchmean", labels=None,
+                             ignore_index=-100):
+    """``ms_kldiv.sparse_distillation_loss`` in float64: the row losses of ``sparse_distillation_rows``, rows whose
+    label is ``ignore_index`` left out (their inputs unread), reduced as ``distillation_loss`` reduces (no 'mean';
+    'none' gives the row losses)."""
+    s = np.asarray(student_logits, np.float64)
+    keep = _distill_keep(s, labels, ignore_index)
+    ids = np.asarray(teacher_ids)
+    vals = np.asarray(teacher_values, np.float64)
+    if keep is not None:
+        s = np.where(keep[..., None], s, 0.0)
+        ids = np.where(keep[..., None], ids, -1)
+        vals = np.where(keep[..., None], vals, 0.0)
+    rows = sparse_distillation_rows(s, ids, vals, mode, temperature, teacher_temperature, beta)
+    if keep is not None:
+        rows = np.where(keep, rows, 0.0)
+    if reduction == "none":
+        return rows
+    count = distillation_count(s.shape, reduction, keep)
+    if count == 0:
+        return np.asarray(0.0)
+    with np.errstate(all="ignore"):
+        return np.asarray(rows.sum() / count)

@@ -246,13 +246,13 @@ def test_fused_head_takes_the_ascendc_kernels(clean_env, tmp_path, monkeypatch, 
     simulated = SimulatedDistillKernels()
     monkeypatch.setattr(ascend.AscendAotBackend, "distill_kernels", lambda self, device: simulated)
     monkeypatch.setattr(backends, "device_target", lambda: "Ascend")
-    backends._distill_kernels.cache_clear()
+    backends._kernels.cache_clear()
     try:
         rows = {r["name"]: r for r in backends.backend_info("Ascend", op="distillation")}
         assert rows["aot"]["auto"], rows
         loss_fn = FusedLinearDistillationLoss(1.5, beta=0.5, hard_weight=0.3, chunk_size=4)
     finally:
-        backends._distill_kernels.cache_clear()
+        backends._kernels.cache_clear()
     assert loss_fn.backend == "aot"
     c = case(seed=4)
     value, grads = value_and_grads(Net(loss_fn), c, mode)

@@ -213,7 +213,7 @@ def test_distillation_on_gpu_routes_to_this_library(cuda_lib, monkeypatch):
     monkeypatch.setattr(aot._build, "ensure_library", lambda device, **_: cuda_lib if device == "GPU" else None)
     aot_backend = backends.get("aot", "GPU")
     monkeypatch.setattr(aot_backend, "_libs", {})
-    backends._distill_kernels.cache_clear()
+    backends._kernels.cache_clear()
     distillation._fused_rows.cache_clear()
     try:
         name, kernels = backends.get_distill_kernels("auto", "GPU")
@@ -225,5 +225,5 @@ def test_distillation_on_gpu_routes_to_this_library(cuda_lib, monkeypatch):
         assert all(n.rsplit(":", 1)[0] == cuda_lib for n in names)
         assert isinstance(backends.get_distill_kernels("composite", "GPU")[1], composite.CompositeDistillKernels)
     finally:
-        backends._distill_kernels.cache_clear()
+        backends._kernels.cache_clear()
         distillation._fused_rows.cache_clear()

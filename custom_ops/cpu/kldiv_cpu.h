@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "kldiv_pool.h"  // parallel_run, threads_for
+#include "../common/sparse_math.h"  // sparse::Hyper
 
 namespace kldiv {
 namespace cpu {
@@ -61,11 +62,25 @@ struct DistillJob {
   void* dt;
 };
 
+// One call of the fused stored-teacher kernels (custom_ops/common/sparse_abi.h; sparse_kernels.inc).
+struct SparseJob {
+  int dtype;              // DType of the student logits (not kF64)
+  int64_t rows, vocab, k;
+  sparse::Hyper h;
+  const void* s;
+  const int32_t* ids;     // [rows, k], negative: padding
+  const float* vals;      // [rows, k]
+  float* stats;           // forward output / backward input, [rows, sparse::kStats]
+  const float* dloss;     // backward only (null: forward)
+  void* ds;               // backward output
+};
+
 struct KernelTable {
   const char* isa;
   void (*forward)(const Args*);
   void (*backward)(const Args*);
   void (*distill_rows)(const DistillJob*, int64_t r0, int64_t r1);  // rows [r0, r1) of a distillation call
+  void (*sparse_rows)(const SparseJob*, int64_t r0, int64_t r1);    // rows [r0, r1) of a stored-teacher call
 };
 
 // The table picked for this CPU (once, from cpuid; MS_KLDIV_ISA forces one).

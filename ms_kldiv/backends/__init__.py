@@ -4,7 +4,8 @@ Each module in this package implements the package's ops one way and registers a
 ops it implements (``ops``), a capability check per op and device (``unavailable_reason``) and a per-device
 preference. For each op, ``'auto'`` picks the most preferred backend that can run it on the current device target
 and falls back (warning once) when a better one cannot; ``backend=NAME`` means the same thing for every op. The
-API layer calls ``get_op`` (``kl_div``) and ``get_distill_kernels`` (the distillation losses and the fused head).
+API layer calls ``get_op`` (``kl_div``) and ``get_kernels`` (the distillation losses, the fused head and the
+stored-teacher loss).
 """
 import functools
 import importlib
@@ -18,7 +19,7 @@ from mindspore.ops import constexpr
 from .. import _compat
 from .base import OPS, Backend
 
-__all__ = ["Backend", "OPS", "register", "names", "get", "resolve", "get_op", "get_distill_kernels", "backend_info",
+__all__ = ["Backend", "OPS", "register", "names", "get", "resolve", "get_op", "get_kernels", "get_distill_kernels", "backend_info",
            "device_target"]
 
 _logger = logging.getLogger("ms_kldiv")
@@ -40,7 +41,7 @@ def register(backend):
     impls = [b for b in _REGISTRY.get(backend.name, []) if type(b) is not type(backend)]
     _REGISTRY[backend.name] = impls + [backend]
     _make_op.cache_clear()
-    _distill_kernels.cache_clear()
+    _kernels.cache_clear()
     return backend
 
 
@@ -145,14 +146,19 @@ get_op.cache_clear = _make_op.cache_clear
 
 
 @functools.lru_cache(maxsize=None)
-def _distill_kernels(backend_name, device):
-    b = resolve(backend_name, device, "distillation", caller="distillation")
-    return b.name, b.distill_kernels(device)
+def _kernels(op, backend_name, device):
+    b = resolve(backend_name, device, op, caller=op)
+    return b.name, b.kernels(op, device)
+
+
+def get_kernels(op, backend, device=None):
+    """(name of the backend chosen, its kernels of ``op``) for ``backend=`` on ``device``; created once."""
+    return _kernels(op, backend, device or device_target())
 
 
 def get_distill_kernels(backend, device=None):
     """(name of the backend chosen, its distillation kernels) for ``backend=`` on ``device``; created once."""
-    return _distill_kernels(backend, device or device_target())
+    return get_kernels("distillation", backend, device)
 
 
 def backend_info(device=None, op="kl_div"):

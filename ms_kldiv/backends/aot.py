@@ -26,6 +26,7 @@ from . import register
 from .base import Backend
 from .common import DISPATCH_LOCK, SerializedDispatch, custom_reg_info
 from .distill import AotDistillKernels
+from .sparse import AotSparseKernels
 
 _logger = logging.getLogger("ms_kldiv")
 
@@ -128,7 +129,7 @@ class AotBackend(Backend):
     name = "aot"
     description = "compiled C++ (CPU) / CUDA (GPU) kernels: fused single-pass forward and backward"
     preference = {"CPU": 100, "GPU": 100}
-    ops = ("kl_div", "distillation")
+    ops = ("kl_div", "distillation", "sparse_distillation")
 
     def __init__(self):
         self._lock = threading.RLock()
@@ -155,10 +156,18 @@ class AotBackend(Backend):
         if reason is None and op == "distillation" and not _has_exports(path, ("DistillFwd",)):
             # a library given by MS_KLDIV_LIB_DIR may predate the distillation kernels
             reason = f"{path} predates the distillation kernels (no DistillFwd)"
+        if reason is None and op == "sparse_distillation":
+            if device != "CPU":
+                reason = "the stored-teacher kernels are not in the CUDA library yet"
+            elif not _has_exports(path, ("SparseFwd",)):
+                reason = f"{path} predates the stored-teacher kernels (no SparseFwd)"
         return reason
 
     def distill_kernels(self, device):
         return AotDistillKernels(self.library(device)[0], device)
+
+    def sparse_kernels(self, device):
+        return AotSparseKernels(self.library(device)[0], device)
 
     def info(self, device="CPU"):
         """The library's own one-line description (ABI version, ISA, threads), or the reason it is missing."""

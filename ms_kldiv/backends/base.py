@@ -22,10 +22,22 @@ current device target and, if so, for that op's implementation:
       for the float32 incoming gradient ``dloss`` [R] of the row losses; rows with ``dloss == 0`` get exact
       zeros whatever their logits hold; d_teacher is a one-element placeholder when ``teacher_grad`` is False;
     - optionally ``backward_teacher(temperature, beta)`` -> Cell ``(s, t, stats, dloss) -> d_teacher``.
+
+``'sparse_distillation'`` -- ``sparse_kernels(device)``: the stored-teacher kernels, used by
+    ``sparse_distillation_loss``/``SparseDistillationLoss`` (through ``ms_kldiv.backends.sparse.rows_op``). For
+    student logits s [..., V] (V >= 1, a dtype from ``kernels.dtypes``), the teacher's int32 ids [..., K]
+    (negative: padding) and float32 values [..., K] of the same leading shape (log-probabilities, or log-counts), with (temperature, ratio = T0 / T, beta,
+    tail) fixed per Cell (the math: ``ms_kldiv._sparse_math``):
+
+    - ``forward(temperature, ratio, beta, tail)`` -> Cell ``(s, ids, values) -> stats [..., SPARSE_STATS]``
+      (float32; float64 for float64 logits where the kernels take them); column 0 is each row's loss, NaN for a
+      row with an id >= V or a repeated id;
+    - ``backward(temperature, ratio, beta, tail)`` -> Cell ``(s, ids, values, stats, dloss) -> d_student`` for the
+      incoming gradient ``dloss`` [...] (the stats' dtype); rows with ``dloss == 0`` get exact zeros.
 """
 
 #: The ops a backend can implement, in the order ``backend_info(op=None)`` lists them.
-OPS = ("kl_div", "distillation")
+OPS = ("kl_div", "distillation", "sparse_distillation")
 
 
 class Backend:
@@ -59,3 +71,11 @@ class Backend:
     def distill_kernels(self, device):
         """The distillation kernels (contract above) on ``device``; called only when available."""
         raise NotImplementedError
+
+    def sparse_kernels(self, device):
+        """The stored-teacher kernels (contract above) on ``device``; called only when available."""
+        raise NotImplementedError
+
+    def kernels(self, op, device):
+        """The kernels of ``op`` (not 'kl_div') on ``device``."""
+        return self.sparse_kernels(device) if op == "sparse_distillation" else self.distill_kernels(device)

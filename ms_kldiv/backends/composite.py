@@ -12,6 +12,7 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from .._distill_math import STATS, row_grads, row_losses
+from .._sparse_math import row_stats as sparse_row_stats, student_grad as sparse_student_grad
 from . import register
 from .base import Backend
 from .common import KLDivWrapper, PointwiseCore
@@ -84,11 +85,46 @@ class CompositeDistillKernels:
         return _DistillBackward(temperature, beta, _acc_dtype(self.device), student=False)
 
 
+class _SparseForward(nn.Cell):
+    def __init__(self, hyper, acc_dtype):
+        super().__init__()
+        self.hyper, self.acc_dtype = hyper, acc_dtype
+
+    def construct(self, s, ids, values):
+        stats = sparse_row_stats(ops.cast(s, self.acc_dtype), ids, values, *self.hyper)
+        return stats if s.dtype == ms.float64 else ops.cast(stats, ms.float32)
+
+
+class _SparseBackward(nn.Cell):
+    def __init__(self, hyper, acc_dtype):
+        super().__init__()
+        self.hyper, self.acc_dtype = hyper, acc_dtype
+
+    def construct(self, s, ids, values, stats, dloss):
+        acc = self.acc_dtype
+        return ops.cast(sparse_student_grad(ops.cast(s, acc), ids, values, *self.hyper, ops.cast(dloss, acc)), s.dtype)
+
+
+class CompositeSparseKernels:
+    """The stored-teacher kernel contract in MindSpore ops (``ms_kldiv._sparse_math``): every device; float64 off
+    Ascend (whose stats are then float64). The backward recomputes the row sums from the logits."""
+
+    def __init__(self, device):
+        self.device = device
+        self.dtypes = (ms.float16, ms.bfloat16, ms.float32) + (() if device == "Ascend" else (ms.float64,))
+
+    def forward(self, temperature, ratio, beta, tail):
+        return _SparseForward((temperature, ratio, beta, tail), _acc_dtype(self.device))
+
+    def backward(self, temperature, ratio, beta, tail):
+        return _SparseBackward((temperature, ratio, beta, tail), _acc_dtype(self.device))
+
+
 class CompositeBackend(Backend):
     name = "composite"
     description = "plain MindSpore ops (runs on every device target)"
     preference = {"CPU": 0, "GPU": 0, "Ascend": 0}
-    ops = ("kl_div", "distillation")
+    ops = ("kl_div", "distillation", "sparse_distillation")
 
     def unavailable_reason(self, device, op="kl_div"):
         return None if op in self.ops else super().unavailable_reason(device, op)
@@ -98,6 +134,9 @@ class CompositeBackend(Backend):
 
     def distill_kernels(self, device):
         return CompositeDistillKernels(device)
+
+    def sparse_kernels(self, device):
+        return CompositeSparseKernels(device)
 
 
 register(CompositeBackend())

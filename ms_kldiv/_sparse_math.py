@@ -1,0 +1,130 @@
+"""Distillation from a stored (sparse) teacher, value and student gradient in closed form, in MindSpore ops: what a
+fused kernel computes for a block of rows, declared once (``custom_ops/common/sparse_math.h`` is the C++ twin,
+``ms_kldiv.reference.sparse_support`` the float64 definition). Bottom layer: it imports only ``_math`` and
+``_distill_math``.
+
+Per row: student logits s [V], the teacher's K ids (negative: padding) and values v [K] (log-probabilities at
+temperature T0, or log-counts for a sampled teacher). Both models become distributions over K + 1 buckets, the ids
+and the tail (every class off the ids), x = s / T:
+
+    log r_i = x[id_i] - lse(x),      log r_tail = lse(x off the ids) - lse(x)
+    y_i = (T0 / T) v_i,              y_tail = (T0 / T) log(1 - sum_i exp(v_i))  ('tail'; -inf for 'renormalize')
+    log q = log_softmax([y, y_tail]) (no tail bucket in either model where the student has no mass off the ids)
+
+and the row loss is T^2 D_beta(q, r) over the buckets (the family of ``_distill_math``). With a_u the bucket terms
+of that module (forward KL: a = -q; reverse KL: a = r (log r - log q); JSD: a = (1 - beta) r (log r - log M)),
+A = sum_u a_u, p = softmax(x) and w_j = exp(x_j - lse(x off the ids)) (the student's distribution inside the tail):
+
+    d(T^2 D)/ds_j = T (a_j - p_j A)           for j among the ids
+                  = T (a_tail w_j - p_j A)    off the ids
+
+(the tail's share of a_tail spread by w, never divided by r_tail, so a student with almost no mass off the ids is
+exact). A row with an id >= V or a repeated id gets NaN in its loss and gradient.
+"""
+import mindspore as ms
+from mindspore import ops
+from mindspore.ops import constexpr
+
+from . import _math
+from ._distill_math import constants, log_mixture
+
+#: Columns of the per-row statistics (sparse::Stat in custom_ops/common/sparse_math.h).
+SPARSE_STATS = 8
+_NEG_INF = float("-inf")
+_pointwise_kl = _math.pointwise(True).loss  # p (log p - log q) for (log q, log p), exactly 0 where p is 0
+_row_max = ops.ReduceMax(keep_dims=True)
+_row_sum = ops.ReduceSum(keep_dims=True)
+# primitives: the ops.zeros_like / ones_like wrappers fail to compile inside a bprop in graph mode ("func graph is empty")
+_zeros_like = ops.ZerosLike()
+_ones_like = ops.OnesLike()
+
+
+@constexpr
+def _f64(value):
+    # graph mode holds a Python float as float32; built in Python, the constant keeps float64 precision
+    return ms.Tensor(value, ms.float64)
+
+
+def _lse(z):
+    """log-sum-exp over the last axis (keepdims), -inf for a row with no finite entry."""
+    m = ops.stop_gradient(_row_max(z, -1))
+    m = ops.where(m == _NEG_INF, 0.0, m)
+    return m + ops.log(_row_sum(ops.exp(z - m), -1))
+
+
+def id_hits(x, ids):
+    """(float [R, V] count of each class among the row's ids, the ids with padding pointed at class 0, valid)."""
+    valid = ids >= 0
+    vocab = x.shape[-1]
+    spare = _zeros_like(x[..., :1])
+    hits = ops.concat((_zeros_like(x), spare), -1)
+    # padding ids land in the spare column past the vocabulary; ids >= V are clamped there too (the row is bad)
+    at = ops.where(ops.logical_and(valid, ids < vocab), ids, vocab)
+    hits = ops.tensor_scatter_elements(hits, at, _ones_like(ops.cast(ids, x.dtype)), -1, "add")
+    return hits[..., :vocab], ops.where(at < vocab, at, 0), valid
+
+
+def support(x, ids, values, tail, ratio):
+    """(log r [R, K+1], log q [R, K+1], lse(x) [R, 1], lse(x off the ids) [R, 1], hits, ids safe to gather, bad
+    rows) for scaled student logits [..., V] x = s / T (module docstring)."""
+    hits, at, valid = id_hits(x, ids)
+    lse = _lse(x)
+    lse_off = _lse(ops.where(hits > 0, _NEG_INF, x))
+    log_r = ops.where(valid, ops.gather_elements(x, -1, at) - lse, _NEG_INF)
+    ratio = ops.cast(_f64(ratio), x.dtype)
+    y = ops.where(valid, values * ratio, _NEG_INF)
+    if tail:
+        kept = ops.minimum(_lse(ops.where(valid, values, _NEG_INF)), 0.0)
+        y_tail = ratio * ops.log(-ops.expm1(kept))
+        y_tail = ops.where(lse_off == _NEG_INF, _NEG_INF, y_tail)
+    else:
+        y_tail = ops.full_like(lse, _NEG_INF)
+    y_all = ops.concat((y, y_tail), -1)
+    log_q = y_all - _lse(y_all)
+    bad = ops.logical_or(ops.any(hits > 1, -1), ops.any(ops.logical_and(valid, ids >= x.shape[-1]), -1))
+    return ops.concat((log_r, lse_off - lse), -1), log_q, lse, lse_off, at, valid, bad
+
+
+def bucket_terms(log_r, log_q, beta):
+    """(divergence terms, a) per bucket (module docstring), in the operands' dtype."""
+    _, _, _, w_t, w_s, log_w_t, log_w_s = [ops.cast(v, log_r.dtype) for v in constants(1.0, beta)]
+    if beta == 0:
+        return _pointwise_kl(log_r, log_q), -ops.exp(log_q)
+    if beta == 1:
+        a = _pointwise_kl(log_q, log_r)
+        return a, a
+    log_m = log_mixture(log_r, log_q, log_w_t, log_w_s)
+    a = w_s * _pointwise_kl(log_m, log_r)
+    return a + w_t * _pointwise_kl(log_m, log_q), a
+
+
+def row_stats(s, ids, values, temperature, ratio, beta, tail):
+    """[R, SPARSE_STATS] in the logits' dtype: (T^2 D, lse, lse off the ids, A, a_tail, 0, 0, 0) of 2-D student
+    logits (float32 or float64), int ids [R, K] and values [R, K]."""
+    inv_t, _, t_sq = [ops.cast(v, s.dtype) for v in constants(temperature, beta)[:3]]
+    log_r, log_q, lse, lse_off, _, _, bad = support(s * inv_t, ids, ops.cast(values, s.dtype), tail, ratio)
+    terms, a = bucket_terms(log_r, log_q, beta)
+    nan = ops.expand_dims(bad, -1)
+    loss = ops.where(nan, float("nan"), t_sq * ops.sum(terms, -1, keepdim=True))
+    big_a = ops.where(nan, float("nan"), ops.sum(a, -1, keepdim=True))
+    zero = _zeros_like(lse)
+    cols = (loss, lse, lse_off, big_a, a[..., -1:], zero, zero, zero)
+    return ops.concat(cols, -1)
+
+
+def student_grad(s, ids, values, temperature, ratio, beta, tail, dloss):
+    """d/ds of sum_rows dloss * (T^2 D) for 2-D logits (dtype as ``row_stats``); rows with dloss == 0 get exact
+    zeros whatever they hold."""
+    inv_t, t_lin = [ops.cast(v, s.dtype) for v in constants(temperature, beta)[:2]]
+    x = s * inv_t
+    log_r, log_q, lse, lse_off, at, valid, bad = support(x, ids, ops.cast(values, s.dtype), tail, ratio)
+    _, a = bucket_terms(log_r, log_q, beta)
+    big_a = ops.where(ops.expand_dims(bad, -1), float("nan"), ops.sum(a, -1, keepdim=True))
+    a_ids = ops.where(valid, a[..., :-1], 0.0)
+    at_ids = ops.concat((_zeros_like(x), _zeros_like(x[..., :1])), -1)
+    at_ids = ops.tensor_scatter_elements(at_ids, ops.where(valid, at, x.shape[-1]), a_ids, -1, "add")[..., :-1]
+    hits, _, _ = id_hits(x, ids)
+    in_tail = a[..., -1:] * ops.exp(ops.where(lse_off == _NEG_INF, _NEG_INF, x - lse_off))
+    d = t_lin * (ops.where(hits > 0, at_ids, in_tail) - ops.exp(x - lse) * big_a)
+    g = ops.expand_dims(ops.cast(dloss, s.dtype), -1)
+    return ops.where(g != 0, d * g, 0.0)
