@@ -53,20 +53,26 @@ def _lse(z):
 
 
 def id_hits(x, ids):
-    """(float [R, V] count of each class among the row's ids, the ids with padding pointed at class 0, valid)."""
+    """(float count of each class among the row's ids [..., V], the ids with padding pointed at class 0, valid).
+    No slices anywhere below: a slice of 0 rows under dynamic shapes crashes graph mode (docs/mindspore-notes.md)."""
     valid = ids >= 0
-    vocab = x.shape[-1]
-    spare = _zeros_like(x[..., :1])
-    hits = ops.concat((_zeros_like(x), spare), -1)
-    # padding ids land in the spare column past the vocabulary; ids >= V are clamped there too (the row is bad)
-    at = ops.where(ops.logical_and(valid, ids < vocab), ids, vocab)
-    hits = ops.tensor_scatter_elements(hits, at, _ones_like(ops.cast(ids, x.dtype)), -1, "add")
-    return hits[..., :vocab], ops.where(at < vocab, at, 0), valid
+    inside = ops.logical_and(valid, ids < x.shape[-1])  # ids >= V make the row bad; they count nowhere
+    at = ops.where(inside, ids, 0)
+    hits = ops.tensor_scatter_elements(_zeros_like(x), at, ops.cast(inside, x.dtype), -1, "add")
+    return hits, at, valid
+
+
+def _log_add(a, b):
+    """log(e^a + e^b), -inf when both are -inf."""
+    hi = ops.maximum(a, b)
+    safe = ops.where(hi == _NEG_INF, 0.0, hi)
+    return safe + ops.log(ops.exp(a - safe) + ops.exp(b - safe))
 
 
 def support(x, ids, values, tail, ratio):
-    """(log r [R, K+1], log q [R, K+1], lse(x) [R, 1], lse(x off the ids) [R, 1], hits, ids safe to gather, bad
-    rows) for scaled student logits [..., V] x = s / T (module docstring)."""
+    """The buckets for scaled student logits x = s / T [..., V] (module docstring): ((log r, log q) of the ids
+    [..., K], (log r, log q) of the tail [..., 1], lse(x), lse(x off the ids), hits, ids safe to gather, valid, bad
+    rows)."""
     hits, at, valid = id_hits(x, ids)
     lse = _lse(x)
     lse_off = _lse(ops.where(hits > 0, _NEG_INF, x))
@@ -79,10 +85,9 @@ def support(x, ids, values, tail, ratio):
         y_tail = ops.where(lse_off == _NEG_INF, _NEG_INF, y_tail)
     else:
         y_tail = ops.full_like(lse, _NEG_INF)
-    y_all = ops.concat((y, y_tail), -1)
-    log_q = y_all - _lse(y_all)
+    log_q_norm = _log_add(_lse(y), y_tail)  # -inf without a teacher distribution: log q is NaN, so is the row
     bad = ops.logical_or(ops.any(hits > 1, -1), ops.any(ops.logical_and(valid, ids >= x.shape[-1]), -1))
-    return ops.concat((log_r, lse_off - lse), -1), log_q, lse, lse_off, at, valid, bad
+    return ((log_r, y - log_q_norm), (lse_off - lse, y_tail - log_q_norm), lse, lse_off, hits, at, valid, bad)
 
 
 def bucket_terms(log_r, log_q, beta):
@@ -98,33 +103,37 @@ def bucket_terms(log_r, log_q, beta):
     return a + w_t * _pointwise_kl(log_m, log_q), a
 
 
-def row_stats(s, ids, values, temperature, ratio, beta, tail):
-    """[R, SPARSE_STATS] in the logits' dtype: (T^2 D, lse, lse off the ids, A, a_tail, 0, 0, 0) of 2-D student
-    logits (float32 or float64), int ids [R, K] and values [R, K]."""
-    inv_t, _, t_sq = [ops.cast(v, s.dtype) for v in constants(temperature, beta)[:3]]
-    log_r, log_q, lse, lse_off, _, _, bad = support(s * inv_t, ids, ops.cast(values, s.dtype), tail, ratio)
-    terms, a = bucket_terms(log_r, log_q, beta)
+def _sums(ids_part, tail_part, beta, bad):
+    """(sum of the terms, A, a of the ids, a of the tail) over the buckets, NaN for bad rows."""
+    terms, a = bucket_terms(*ids_part, beta)
+    tail_terms, a_tail = bucket_terms(*tail_part, beta)
     nan = ops.expand_dims(bad, -1)
-    loss = ops.where(nan, float("nan"), t_sq * ops.sum(terms, -1, keepdim=True))
-    big_a = ops.where(nan, float("nan"), ops.sum(a, -1, keepdim=True))
+    total = ops.where(nan, float("nan"), ops.sum(terms, -1, keepdim=True) + tail_terms)
+    big_a = ops.where(nan, float("nan"), ops.sum(a, -1, keepdim=True) + a_tail)
+    return total, big_a, a, a_tail
+
+
+def row_stats(s, ids, values, temperature, ratio, beta, tail):
+    """[..., SPARSE_STATS] in the logits' dtype: (T^2 D, lse, lse off the ids, A, a_tail, 0, 0, 0) of student
+    logits [..., V] (float32 or float64), int ids [..., K] and values [..., K]."""
+    inv_t, _, t_sq = [ops.cast(v, s.dtype) for v in constants(temperature, beta)[:3]]
+    ids_part, tail_part, lse, lse_off, _, _, _, bad = support(s * inv_t, ids, ops.cast(values, s.dtype), tail,
+                                                               ratio)
+    total, big_a, _, a_tail = _sums(ids_part, tail_part, beta, bad)
     zero = _zeros_like(lse)
-    cols = (loss, lse, lse_off, big_a, a[..., -1:], zero, zero, zero)
-    return ops.concat(cols, -1)
+    return ops.concat((t_sq * total, lse, lse_off, big_a, a_tail, zero, zero, zero), -1)
 
 
 def student_grad(s, ids, values, temperature, ratio, beta, tail, dloss):
-    """d/ds of sum_rows dloss * (T^2 D) for 2-D logits (dtype as ``row_stats``); rows with dloss == 0 get exact
-    zeros whatever they hold."""
+    """d/ds of sum_rows dloss * (T^2 D) for logits [..., V] (dtype as ``row_stats``); rows with dloss == 0 get
+    exact zeros whatever they hold."""
     inv_t, t_lin = [ops.cast(v, s.dtype) for v in constants(temperature, beta)[:2]]
     x = s * inv_t
-    log_r, log_q, lse, lse_off, at, valid, bad = support(x, ids, ops.cast(values, s.dtype), tail, ratio)
-    _, a = bucket_terms(log_r, log_q, beta)
-    big_a = ops.where(ops.expand_dims(bad, -1), float("nan"), ops.sum(a, -1, keepdim=True))
-    a_ids = ops.where(valid, a[..., :-1], 0.0)
-    at_ids = ops.concat((_zeros_like(x), _zeros_like(x[..., :1])), -1)
-    at_ids = ops.tensor_scatter_elements(at_ids, ops.where(valid, at, x.shape[-1]), a_ids, -1, "add")[..., :-1]
-    hits, _, _ = id_hits(x, ids)
-    in_tail = a[..., -1:] * ops.exp(ops.where(lse_off == _NEG_INF, _NEG_INF, x - lse_off))
-    d = t_lin * (ops.where(hits > 0, at_ids, in_tail) - ops.exp(x - lse) * big_a)
+    ids_part, tail_part, lse, lse_off, hits, at, valid, bad = support(x, ids, ops.cast(values, s.dtype), tail,
+                                                                       ratio)
+    _, big_a, a, a_tail = _sums(ids_part, tail_part, beta, bad)
+    a_at_ids = ops.tensor_scatter_elements(_zeros_like(x), at, ops.where(valid, a, 0.0), -1, "add")
+    in_tail = a_tail * ops.exp(ops.where(lse_off == _NEG_INF, _NEG_INF, x - lse_off))
+    d = t_lin * (ops.where(hits > 0, a_at_ids, in_tail) - ops.exp(x - lse) * big_a)
     g = ops.expand_dims(ops.cast(dloss, s.dtype), -1)
     return ops.where(g != 0, d * g, 0.0)

@@ -70,7 +70,11 @@ def _check_args(student_logits, teacher_ids, teacher_values, mode, labels, name)
         kind = "counts (int32, int64 or a float dtype)" if mode == "sampled" else "log-probabilities (a float dtype)"
         raise TypeError(f"For '{name}', 'teacher_values' must hold {kind}, but got {teacher_values.dtype}.")
     _shapes(ops.shape(student_logits), ops.shape(teacher_ids), ops.shape(teacher_values), name)
-    _validation.check_labels(labels, student_logits.shape[:-1], name)
+    if labels is not None:
+        # type and dtype here; the shape in a constexpr (under dynamic shapes a comparison in graph code would be a
+        # run-time value)
+        _validation.check_labels(labels, (None,), name)
+        _labels_shape(ops.shape(labels), ops.shape(student_logits), name)
 
 
 def _known(d):
@@ -95,6 +99,16 @@ def _shapes(s_shape, ids_shape, vals_shape, name):
                                                 for a, b in zip(vals_shape, ids_shape)):
         raise ValueError(f"For '{name}', 'teacher_values' must have the shape of 'teacher_ids' {tuple(ids_shape)}, "
                          f"but got {tuple(vals_shape)}.")
+
+
+@constexpr
+def _labels_shape(labels_shape, s_shape, name):
+    if -2 in tuple(s_shape) or -2 in tuple(labels_shape):
+        return
+    lead = tuple(s_shape)[:-1]
+    if len(labels_shape) != len(lead) or any(_known(a) and _known(b) and a != b for a, b in zip(labels_shape, lead)):
+        raise ValueError(f"For '{name}', 'labels' must have the logits' leading shape {lead}, but got "
+                         f"{tuple(labels_shape)}.")
 
 
 def _check_data(student_logits, teacher_ids, teacher_values, mode, labels, ignore_index, name):

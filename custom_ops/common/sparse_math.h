@@ -95,6 +95,7 @@ DISTILL_HD void row_stats(const Hyper &h, const int32_t *ids, const float *vals,
                           double log_z_off, bool bad, XAt x_at, float *stats) {
   const double y_tail = teacher_tail(h, ids, vals, k, log_z_off);
   const double log_q_norm = teacher_log_norm(h, ids, vals, k, y_tail);
+  bad = bad || !(log_q_norm > -INFINITY);  // no teacher distribution (every id padding, no tail): NaN, as dense
   double d = 0.0, big_a = 0.0, term, a = 0.0;
   for (int64_t i = 0; i < k && !bad; ++i) {
     if (ids[i] < 0) continue;
