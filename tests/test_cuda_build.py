@@ -1,5 +1,5 @@
-"""The CUDA library compiles with nvcc and exports exactly the ABI of custom_ops/common/kldiv_abi.h and
-distill_abi.h.
+"""The CUDA library compiles with nvcc and exports exactly the ABI of custom_ops/common/kldiv_abi.h,
+distill_abi.h and sparse_abi.h.
 
 No GPU is needed: this compiles custom_ops/gpu/*.cu for one architecture (all of them would take minutes on
 CI's two cores; the full list is ms_kldiv._build.NVCC_FLAGS) and reads the dynamic symbol table. Running
@@ -24,6 +24,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(ROOT, "custom_ops")
 NVCC = _build._nvcc() if hasattr(_build, "_nvcc") else shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(not NVCC, reason="nvcc not found (set NVCC or CUDA_HOME)")
+# The prefixes of the library's exported names (kldiv_abi.h, distill_abi.h, sparse_abi.h).
+ABI_PREFIXES = ("KLDiv", "Distill", "Sparse")
 # One architecture every nvcc from 11.0 to 13.x accepts.
 TEST_ARCH = "80"
 
@@ -42,7 +44,11 @@ def abi_symbols():
     with open(os.path.join(SRC, "common", "distill_abi.h"), encoding="utf-8") as f:
         distill = distill_abi_kernels(f.read())
     assert len(distill) == 4, distill
-    return names | distill | {n + "InferShape" for n in distill}
+    with open(os.path.join(SRC, "common", "sparse_abi.h"), encoding="utf-8") as f:
+        sparse = set(re.findall(r"^//\s+(Sparse\w+)\s+nparam", f.read(), flags=re.M))
+    assert sparse == {"SparseFwd", "SparseBwd"}, sparse
+    kernels = distill | sparse
+    return names | kernels | {n + "InferShape" for n in kernels}
 
 
 def nvcc_flags_one_arch():
@@ -75,7 +81,7 @@ def dynamic_symbols(lib, defined=True):
 
 
 def test_exports_exactly_the_abi(cuda_lib):
-    exported = {s for s in dynamic_symbols(cuda_lib) if s.startswith(("KLDiv", "Distill"))}
+    exported = {s for s in dynamic_symbols(cuda_lib) if s.startswith(ABI_PREFIXES)}
     expected = abi_symbols()
     assert exported == expected, (f"missing: {sorted(expected - exported)}; "
                                   f"unexpected: {sorted(exported - expected)}")
@@ -87,7 +93,7 @@ def test_nothing_else_leaks(cuda_lib):
     headers give them; they are weak and harmless."""
     exported = dynamic_symbols(cuda_lib)
     std = ("_ZNSt", "_ZSt", "_ZNKSt")
-    leaked = sorted(s for s in exported if not s.startswith(("KLDiv", "Distill")) and not s.startswith(std)
+    leaked = sorted(s for s in exported if not s.startswith(ABI_PREFIXES) and not s.startswith(std)
                     and s not in ("_init", "_fini", "_edata", "_end", "__bss_start"))
     assert not leaked, leaked[:20]
 
