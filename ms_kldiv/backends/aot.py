@@ -156,11 +156,8 @@ class AotBackend(Backend):
         if reason is None and op == "distillation" and not _has_exports(path, ("DistillFwd",)):
             # a library given by MS_KLDIV_LIB_DIR may predate the distillation kernels
             reason = f"{path} predates the distillation kernels (no DistillFwd)"
-        if reason is None and op == "sparse_distillation":
-            if device != "CPU":
-                reason = "the stored-teacher kernels are not in the CUDA library yet"
-            elif not _has_exports(path, ("SparseFwd",)):
-                reason = f"{path} predates the stored-teacher kernels (no SparseFwd)"
+        if reason is None and op == "sparse_distillation" and not _has_exports(path, ("SparseFwd",)):
+            reason = f"{path} predates the stored-teacher kernels (no SparseFwd)"
         return reason
 
     def distill_kernels(self, device):

@@ -1,7 +1,7 @@
 """The stored-teacher distillation op on top of a pair of kernels (contract: ``ms_kldiv.backends.base``), for any
 device: the autodiff around them is written once.
 
-``AotSparseKernels`` are the compiled library's (custom_ops/cpu/sparse_kernels.inc), ``CompositeSparseKernels``
+``AotSparseKernels`` are the compiled libraries' (custom_ops/cpu/sparse_kernels.inc, custom_ops/gpu/sparse_cuda.cu), ``CompositeSparseKernels``
 (``ms_kldiv.backends.composite``) the closed forms of ``ms_kldiv._sparse_math``; the registry hands them out
 (``get_kernels('sparse_distillation', ...)``). The teacher's ids and values are stored data: their gradient is 0.
 """
@@ -73,7 +73,7 @@ def _student_dtype(s, *_):
 
 
 class AotSparseKernels:
-    """The stored-teacher kernels of libkldiv_cpu.so."""
+    """The stored-teacher kernels of libkldiv_cpu.so (target 'CPU') or libkldiv_cuda.so ('GPU')."""
 
     dtypes = (ms.float16, ms.bfloat16, ms.float32)
 
