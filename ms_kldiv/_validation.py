@@ -10,7 +10,9 @@ import mindspore as ms
 from mindspore import Tensor, ops
 from mindspore.ops import constexpr
 
-from .reference import REDUCTIONS
+import numpy as np
+
+from .reference import REDUCTIONS, SPARSE_MODES
 
 FLOAT_DTYPES = (ms.float16, ms.bfloat16, ms.float32, ms.float64)
 HALF_DTYPES = (ms.float16, ms.bfloat16)
@@ -175,3 +177,98 @@ def check_labels(labels, rows_shape, name):
     if None not in tuple(rows_shape) and -1 not in tuple(rows_shape) and tuple(labels.shape) != tuple(rows_shape):
         raise ValueError(f"For '{name}', 'labels' must have the logits' leading shape {tuple(rows_shape)}, "
                          f"but got {tuple(labels.shape)}.")
+
+
+# ------------------------------------------------------------------------------------------ stored (sparse) teachers
+def check_stored_options(mode, teacher_temperature, beta, name):
+    """``mode``, ``teacher_temperature`` and ``beta`` of a stored-teacher loss, and the combinations without a
+    meaning."""
+    if not isinstance(mode, str):
+        raise TypeError(f"For '{name}', 'mode' must be a str, but got {type(mode).__name__}: {mode!r}.")
+    if mode not in SPARSE_MODES:
+        raise ValueError(f"For '{name}', 'mode' must be one of {list(SPARSE_MODES)}, but got {mode!r}.")
+    check_number(teacher_temperature, "teacher_temperature", name, 0.0, math.inf, low_open=True)
+    check_number(beta, "beta", name, 0.0, 1.0)
+    if mode == "sampled" and beta != 0:
+        raise ValueError(f"For '{name}', mode 'sampled' estimates the forward KL only: 'beta' must be 0, but got "
+                         f"{beta!r}.")
+    if mode == "sampled" and teacher_temperature != 1:
+        raise ValueError(f"For '{name}', mode 'sampled' takes counts drawn at the training temperature: "
+                         f"'teacher_temperature' must be left at 1, but got {teacher_temperature!r}.")
+    if mode == "renormalize" and beta == 1:
+        raise ValueError(f"For '{name}', reverse KL (beta=1) against a teacher renormalized over its ids is +inf "
+                         f"wherever the student puts mass off them; use mode='tail' (or beta < 1).")
+
+
+def _known(d):
+    return d is not None and d >= 0
+
+
+@constexpr
+def stored_vocab(s_shape, name):
+    if -2 not in tuple(s_shape) and _known(s_shape[-1]) and s_shape[-1] == 0:
+        raise ValueError(f"For '{name}', 'student_logits' must have at least one class on the last axis, but got "
+                         f"shape {tuple(s_shape)}.")
+
+
+@constexpr
+def leading_shape(shape, lead, arg, name):
+    """``shape`` equals ``lead`` where both are known (a dynamic rank is not checked)."""
+    if -2 in tuple(shape) or -2 in tuple(lead):
+        return
+    if len(shape) != len(lead) or any(_known(a) and _known(b) and a != b for a, b in zip(shape, lead)):
+        raise ValueError(f"For '{name}', '{arg}' must have the logits' leading shape {tuple(lead)}, but got "
+                         f"{tuple(shape)}.")
+
+
+@constexpr
+def _stored_shapes(lead, ids_shape, vals_shape, name):
+    if -2 in tuple(lead) or -2 in tuple(ids_shape) or -2 in tuple(vals_shape):
+        return
+    if len(ids_shape) != len(lead) + 1 or any(_known(a) and _known(b) and a != b for a, b in zip(ids_shape, lead)):
+        raise ValueError(f"For '{name}', 'teacher_ids' must have the student's leading shape {tuple(lead)} and K ids "
+                         f"on the last axis, but got shape {tuple(ids_shape)}.")
+    if _known(ids_shape[-1]) and ids_shape[-1] == 0:
+        raise ValueError(f"For '{name}', 'teacher_ids' must hold at least one id per row, but got shape "
+                         f"{tuple(ids_shape)}.")
+    if len(vals_shape) != len(ids_shape) or any(_known(a) and _known(b) and a != b
+                                                for a, b in zip(vals_shape, ids_shape)):
+        raise ValueError(f"For '{name}', 'teacher_values' must have the shape of 'teacher_ids' {tuple(ids_shape)}, "
+                         f"but got {tuple(vals_shape)}.")
+
+
+def check_stored_teacher(teacher_ids, teacher_values, lead, mode, name):
+    """Types, dtypes and shapes of a stored teacher for rows of leading shape ``lead`` (``ops.shape``)."""
+    for arg_name, value in (("teacher_ids", teacher_ids), ("teacher_values", teacher_values)):
+        if not isinstance(value, Tensor):
+            raise TypeError(f"For '{name}', '{arg_name}' must be a mindspore.Tensor, but got {type(value).__name__}.")
+    if teacher_ids.dtype not in INT_DTYPES:
+        raise TypeError(f"For '{name}', 'teacher_ids' must have dtype int32 or int64, but got {teacher_ids.dtype}.")
+    value_dtypes = FLOAT_DTYPES + (INT_DTYPES if mode == "sampled" else ())
+    if teacher_values.dtype not in value_dtypes:
+        kind = "counts (int32, int64 or a float dtype)" if mode == "sampled" else "log-probabilities (a float dtype)"
+        raise TypeError(f"For '{name}', 'teacher_values' must hold {kind}, but got {teacher_values.dtype}.")
+    _stored_shapes(lead, ops.shape(teacher_ids), ops.shape(teacher_values), name)
+
+
+def check_stored_data(teacher_ids, teacher_values, vocab, mode, labels, ignore_index, name):
+    """The stored teacher's values (PyNative only: compiled code cannot raise; there a row with an id >= V or a
+    repeated id gives NaN). Ignored rows are not looked at."""
+    ids = teacher_ids.asnumpy().reshape(-1, teacher_ids.shape[-1])
+    vals = teacher_values.asnumpy().astype(np.float64).reshape(ids.shape)
+    if labels is not None:
+        keep = labels.asnumpy().reshape(-1) != ignore_index
+        ids, vals = ids[keep], vals[keep]
+    valid = ids >= 0
+    if np.any(ids >= vocab):
+        raise ValueError(f"For '{name}', 'teacher_ids' must be in [0, {vocab}) (negative: padding), but got "
+                         f"{int(ids.max())}.")
+    ordered = np.sort(np.where(valid, ids, -1 - np.arange(ids.shape[-1])), -1)  # padding never repeats
+    if np.any(ordered[:, 1:] == ordered[:, :-1]):
+        raise ValueError(f"For '{name}', 'teacher_ids' must not repeat an id within a row (merge the entries: add "
+                         f"their counts, or log-add their probabilities).")
+    if mode == "sampled" and np.any(valid & (vals < 0)):
+        raise ValueError(f"For '{name}', 'teacher_values' (counts) must be >= 0, but got {vals[valid].min()}.")
+    if mode != "sampled" and np.any(valid & (vals > 0)):
+        raise ValueError(f"For '{name}', 'teacher_values' (log-probabilities) must be <= 0, but got "
+                         f"{vals[valid].max()}.")

@@ -27,7 +27,7 @@ from mindspore.ops import constexpr
 
 from . import _validation
 from ._distill_math import cross_entropy_and_grad
-from .backends import check_name, compiled, get_distill_kernels
+from .backends import check_name, compiled, get_distill_kernels, get_kernels
 
 _NAME = "FusedLinearDistillationLoss"
 #: Default bound on one chunk's logits (student and teacher together), in bytes of float32.
@@ -57,7 +57,7 @@ class _ChunkStep(nn.Cell):
     ``student`` / ``teacher``: which gradients this pass computes (the loss comes with the student's)."""
 
     def __init__(self, kernels, temperature, beta, ignore_index, hard_weight, soft_weight, student, teacher,
-                 teacher_logits):
+                 teacher_logits, stored=None):
         super().__init__()
         self.ignore_index = ignore_index
         self.hard_weight = hard_weight
@@ -65,9 +65,15 @@ class _ChunkStep(nn.Cell):
         self.student = student
         self.teacher = teacher
         self.teacher_logits = teacher_logits
+        # stored: (ratio, tail) of a stored teacher, whose ids and values take the places of hidden states and weight
+        self.stored = stored is not None
+        if self.stored:
+            self.kernel_rows = kernels.forward(temperature, stored[0], beta, stored[1])
+            self.kernel_student = kernels.backward(temperature, stored[0], beta, stored[1])
+            return
         self.kernel_rows = kernels.forward(temperature, beta)
         if student:
-            self.kernel_student = kernels.backward(temperature, beta, False)
+            self.kernel_student = _StudentOnly(kernels.backward(temperature, beta, False))
         if teacher:
             self.kernel_teacher = (kernels.backward_teacher(temperature, beta)
                                    if hasattr(kernels, "backward_teacher") else _TeacherOnly(kernels, temperature, beta))
@@ -84,15 +90,19 @@ class _ChunkStep(nn.Cell):
         rows_kept = ops.expand_dims(keep, 1)
         # Rows not counted are zeroed before the matmuls: their NaN or inf must not reach any gradient (0 * NaN).
         hs_c = ops.where(rows_kept, ops.gather(hs, idx, 0), 0.0)
-        ht_c = ops.where(rows_kept, ops.gather(ht, idx, 0), 0.0)
         s_c = _matmul_t(hs_c, ws) + bs
-        t_c = ht_c if self.teacher_logits else _matmul_t(ht_c, wt) + bt
+        if self.stored:  # the teacher: ids [N, K] (padding for rows not counted) and values [N, K]
+            ht_c = ops.where(rows_kept, ops.gather(ht, idx, 0), -1)
+            teacher_c = (ht_c, ops.gather(wt, idx, 0))
+        else:
+            ht_c = ops.where(rows_kept, ops.gather(ht, idx, 0), 0.0)
+            teacher_c = (ht_c if self.teacher_logits else _matmul_t(ht_c, wt) + bt,)
         # the kernels' incoming row gradient is the keep mask: rows not counted get exact zeros, unread
-        stats, g = self.kernel_rows(s_c, t_c), ops.cast(keep, f32)
+        stats, g = self.kernel_rows(s_c, *teacher_c), ops.cast(keep, f32)
         at = ops.expand_dims(idx, 1)
         if self.student:
             loss = loss + ops.sum(ops.where(keep, stats[:, 0], 0.0)) * (self.soft_weight * scale)
-            ds = self.kernel_student(s_c, t_c, stats, g)[0] * (self.soft_weight * scale)
+            ds = self.kernel_student(s_c, *teacher_c, stats, g) * (self.soft_weight * scale)
             if self.hard_weight != 0:
                 hard, dce = cross_entropy_and_grad(s_c, ops.where(keep, label, 0), keep)
                 loss = loss + hard * (self.hard_weight * scale)
@@ -101,11 +111,22 @@ class _ChunkStep(nn.Cell):
             dws = dws + _t_matmul(ds, hs_c)
             dbs = dbs + ops.sum(ds, 0)
         if self.teacher:
-            dt = self.kernel_teacher(s_c, t_c, stats, g) * (self.soft_weight * scale)
+            dt = self.kernel_teacher(s_c, *teacher_c, stats, g) * (self.soft_weight * scale)
             dht = ops.tensor_scatter_add(dht, at, ops.matmul(dt, wt))
             dwt = dwt + _t_matmul(dt, ht_c)
             dbt = dbt + ops.sum(dt, 0)
         return hs, ws, bs, ht, wt, bt, labels, scale, offsets, loss, dhs, dws, dbs, dht, dwt, dbt
+
+
+class _StudentOnly(nn.Cell):
+    """d(student) alone from a backward kernel that also returns a teacher placeholder."""
+
+    def __init__(self, kernel):
+        super().__init__()
+        self.kernel = kernel
+
+    def construct(self, s, t, stats, dloss):
+        return self.kernel(s, t, stats, dloss)[0]
 
 
 class _TeacherOnly(nn.Cell):
@@ -151,8 +172,8 @@ class _ChunkLoop(nn.Cell):
         f32 = ms.float32
         # A Parameter (a model's head weight) in a loop's carry fails to compile under TrainOneStepCell; a reshape
         # to its own shape makes it a plain value without a copy.
-        hs, ws, bs, ht, wt, bt = (ops.reshape(v, (-1,) + v.shape[1:]) if v.dtype == f32 else ops.cast(v, f32)
-                                  for v in (hs, ws, bs, ht, wt, bt))
+        hs, ws, bs, ht, wt, bt = (ops.reshape(v, (-1,) + v.shape[1:]) if v.dtype in (f32, ms.int32)
+                                  else ops.cast(v, f32) for v in (hs, ws, bs, ht, wt, bt))
         offsets, chunks = _chunk_plan(ops.shape(hs), ws.shape[0], self.chunk_size, self.chunk_bytes)
         if chunks < 0:  # rows known at run time only
             chunk = offsets.shape[0]
@@ -197,13 +218,13 @@ class _FusedCore(nn.Cell):
     """
 
     def __init__(self, kernels, temperature, beta, ignore_index, hard_weight, soft_weight, chunk_size, chunk_bytes,
-                 teacher_grad, teacher_logits=False):
+                 teacher_grad, teacher_logits=False, stored=None):
         super().__init__()
-        self.teacher_grad = teacher_grad and not teacher_logits
+        self.teacher_grad = teacher_grad and not teacher_logits and stored is None
         args = (kernels, temperature, beta, ignore_index, hard_weight, soft_weight)
 
         def chunk_loop(student, teacher):
-            return _ChunkLoop(_ChunkStep(*args, student, teacher, teacher_logits), chunk_size, chunk_bytes)
+            return _ChunkLoop(_ChunkStep(*args, student, teacher, teacher_logits, stored), chunk_size, chunk_bytes)
 
         self.student_loop = chunk_loop(True, False)
         self.student_loop_pynative = _Unrecorded(self.student_loop)
@@ -304,6 +325,11 @@ class FusedLinearDistillationLoss(nn.Cell):
             on GPU, AscendC on Ascend; no chunk x V temporaries besides the logits and their gradient),
             ``'composite'`` (closed forms in MindSpore ops, every device), ``'auto'`` (the best that runs here).
             Default: ``'auto'``.
+        stored_mode (str, optional): For :meth:`from_teacher_topk` (a stored teacher): ``'tail'``,
+            ``'renormalize'`` or ``'sampled'``, as `mode` of :func:`ms_kldiv.sparse_distillation_loss`.
+            Default: ``'tail'``.
+        teacher_temperature (float, optional): For :meth:`from_teacher_topk`: the temperature the stored
+            log-probabilities were taken at. Default: ``1.0``.
 
     Inputs:
         - **student_hidden** (Tensor) - ``[N, H_s]`` or ``[B, S, H_s]``, float16/bfloat16/float32.
@@ -322,7 +348,8 @@ class FusedLinearDistillationLoss(nn.Cell):
     """
 
     def __init__(self, temperature=1.0, *, beta=0.0, ignore_index=-100, hard_weight=0.0, soft_weight=1.0,
-                 chunk_size=None, chunk_bytes=None, teacher_grad=None, backend="auto"):
+                 chunk_size=None, chunk_bytes=None, teacher_grad=None, backend="auto", stored_mode="tail",
+                 teacher_temperature=1.0):
         super().__init__()
         _validation.check_temperature(temperature, _NAME)
         _validation.check_number(beta, "beta", _NAME, 0.0, 1.0)
@@ -349,6 +376,19 @@ class FusedLinearDistillationLoss(nn.Cell):
                 self.chunk_bytes)
         self.core = _FusedCore(*args, self.teacher_grad)
         self.core_from_logits = _FusedCore(*args, False, teacher_logits=True)
+        # the stored-teacher head (from_teacher_topk): its options are checked when it is used
+        self.stored_mode, self.teacher_temperature = stored_mode, teacher_temperature
+        self._stored_error = _stored_options_error(stored_mode, teacher_temperature, self.beta)
+        self.core_from_stored = None
+        if self._stored_error is None:
+            try:
+                _, stored_kernels = get_kernels("sparse_distillation", self.backend)
+            except RuntimeError as e:  # raised when from_teacher_topk is called
+                self._stored_error = e
+            else:
+                ratio = 1.0 if stored_mode == "sampled" else float(teacher_temperature) / self.temperature
+                self.core_from_stored = _FusedCore(stored_kernels, *args[1:], False,
+                                                   stored=(ratio, stored_mode == "tail"))
 
     def construct(self, student_hidden, student_weight, teacher_hidden, teacher_weight, labels=None,
                   student_bias=None, teacher_bias=None):
@@ -367,6 +407,30 @@ class FusedLinearDistillationLoss(nn.Cell):
         unused = ops.zeros((1, 1), ms.float32)
         return self._run(self.core_from_logits, student_hidden, student_weight, student_bias, logits, unused,
                          ops.zeros((1,), ms.float32), labels)
+
+    def from_teacher_topk(self, student_hidden, student_weight, teacher_ids, teacher_values, labels=None,
+                          student_bias=None):
+        """The same loss against a stored teacher: per row K ids ``[N, K]`` / ``[B, S, K]`` (int32/int64, negative =
+        padding) and their values (log-probabilities; counts for ``stored_mode='sampled'``), the soft term being
+        :func:`ms_kldiv.sparse_distillation_loss` with ``mode=stored_mode``, ``teacher_temperature``, ``beta``
+        and ``'tokenmean'``. Chunked as the dense head: no N x V tensor. The teacher gets no gradient. Under
+        GRAPH_MODE call it from a Cell's construct."""
+        name = f"{_NAME}.from_teacher_topk"
+        if self._stored_error is not None:
+            raise self._stored_error
+        _check_inputs(student_hidden, student_weight, student_hidden, None, labels, student_bias, None,
+                      self.hard_weight, name, teacher_is_logits=True, vocab_check=False)
+        _validation.check_stored_teacher(teacher_ids, teacher_values, ops.shape(student_hidden)[:-1],
+                                         self.stored_mode, name)
+        if not compiled(teacher_ids):
+            _validation.check_stored_data(teacher_ids, teacher_values, student_weight.shape[0], self.stored_mode,
+                                          labels, self.ignore_index, name)
+        ids = ops.cast(_rows(teacher_ids), ms.int32)
+        values = ops.cast(_rows(teacher_values), ms.float32)
+        if self.stored_mode == "sampled":
+            values = ops.log(values)
+        return self._run(self.core_from_stored, student_hidden, student_weight, student_bias, ops.stop_gradient(ids),
+                         ops.stop_gradient(values), ops.zeros((1,), ms.float32), labels)
 
     def _run(self, core, student_hidden, student_weight, student_bias, teacher_rows, teacher_weight, teacher_bias,
              labels):
@@ -390,6 +454,15 @@ class FusedLinearDistillationLoss(nn.Cell):
                 f"backend={self.backend!r}")
 
 
+def _stored_options_error(mode, teacher_temperature, beta):
+    """The error of a stored-teacher configuration that cannot work, or None (raised by from_teacher_topk)."""
+    try:
+        _validation.check_stored_options(mode, teacher_temperature, beta, _NAME)
+    except (TypeError, ValueError) as e:
+        return e
+    return None
+
+
 def _kernels_for(backend):
     """(backend chosen, its distillation kernels); a bad ``backend=`` is named for this Cell."""
     check_name(backend, _NAME)
@@ -410,7 +483,7 @@ def _rows(hidden):
     return ops.reshape(hidden, (-1, hidden.shape[-1])) if hidden.ndim != 2 else hidden
 
 
-def _check_inputs(hs, ws, ht, wt, labels, bs, bt, hard_weight, name, teacher_is_logits=False):
+def _check_inputs(hs, ws, ht, wt, labels, bs, bt, hard_weight, name, teacher_is_logits=False, vocab_check=True):
     """Every argument check, before anything runs. ``teacher_is_logits``: ``ht`` holds the teacher's logits."""
     tensors = (("student_hidden", hs), ("student_weight", ws),
                ("teacher_logits" if teacher_is_logits else "teacher_hidden", ht))
@@ -432,7 +505,7 @@ def _check_inputs(hs, ws, ht, wt, labels, bs, bt, hard_weight, name, teacher_is_
     if wt is not None and (ht.shape[-1] != wt.shape[1] or wt.shape[0] != vocab):
         raise ValueError(f"For '{name}', 'teacher_hidden' {ht.shape} and 'teacher_weight' {wt.shape} do not "
                          f"match each other or the student's vocabulary ({vocab}).")
-    if wt is None and ht.shape[-1] != vocab:
+    if wt is None and vocab_check and ht.shape[-1] != vocab:
         raise ValueError(f"For '{name}', 'teacher_logits' {ht.shape} must end in the vocabulary size {vocab}.")
     if hs.shape[:-1] != ht.shape[:-1]:
         raise ValueError(f"For '{name}', student and teacher rows differ: {hs.shape[:-1]} vs {ht.shape[:-1]}.")

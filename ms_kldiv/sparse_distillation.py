@@ -8,29 +8,21 @@ gradient. The math is ``ms_kldiv._sparse_math``; ``ms_kldiv.reference.sparse_sup
 """
 import functools
 
-import numpy as np
-
 import mindspore as ms
 from mindspore import Tensor, nn, ops
-from mindspore.ops import constexpr
 
 from . import _validation
 from .backends import _device_target_const, check_name_const, compiled, get_kernels, sparse
 from .distillation import _reduce
-from .reference import SPARSE_MODES, SPARSE_REDUCTIONS
+from .reference import SPARSE_REDUCTIONS
 
 _NAME = "sparse_distillation_loss"
 _OP = "sparse_distillation"
 
 
 def _check_options(mode, temperature, teacher_temperature, beta, reduction, ignore_index, backend, name):
-    if not isinstance(mode, str):
-        raise TypeError(f"For '{name}', 'mode' must be a str, but got {type(mode).__name__}: {mode!r}.")
-    if mode not in SPARSE_MODES:
-        raise ValueError(f"For '{name}', 'mode' must be one of {list(SPARSE_MODES)}, but got {mode!r}.")
+    _validation.check_stored_options(mode, teacher_temperature, beta, name)
     _validation.check_temperature(temperature, name)
-    _validation.check_number(teacher_temperature, "teacher_temperature", name, 0.0, float("inf"), low_open=True)
-    _validation.check_number(beta, "beta", name, 0.0, 1.0)
     if isinstance(reduction, str) and reduction == "mean":
         raise ValueError(f"For '{name}', 'reduction' 'mean' (divide by rows x V) has no meaning for a sparse "
                          f"teacher; use 'batchmean' or 'tokenmean'.")
@@ -38,15 +30,6 @@ def _check_options(mode, temperature, teacher_temperature, beta, reduction, igno
     _validation.check_int(ignore_index, "ignore_index", name)
     _validation.check_backend(backend, name)
     check_name_const(backend, name)
-    if mode == "sampled" and beta != 0:
-        raise ValueError(f"For '{name}', mode 'sampled' estimates the forward KL only: 'beta' must be 0, but got "
-                         f"{beta!r}.")
-    if mode == "sampled" and teacher_temperature != 1:
-        raise ValueError(f"For '{name}', mode 'sampled' takes counts drawn at the training temperature: "
-                         f"'teacher_temperature' must be left at 1, but got {teacher_temperature!r}.")
-    if mode == "renormalize" and beta == 1:
-        raise ValueError(f"For '{name}', reverse KL (beta=1) against a teacher renormalized over its ids is +inf "
-                         f"wherever the student puts mass off them; use mode='tail' (or beta < 1).")
 
 
 def _check_args(student_logits, teacher_ids, teacher_values, mode, labels, name):
@@ -60,79 +43,13 @@ def _check_args(student_logits, teacher_ids, teacher_values, mode, labels, name)
     if student_logits.ndim < 1:
         raise ValueError(f"For '{name}', 'student_logits' must have at least 1 dimension (the classes on the last "
                          f"axis), but got a 0-d Tensor.")
-    for arg_name, value in (("teacher_ids", teacher_ids), ("teacher_values", teacher_values)):
-        if not isinstance(value, Tensor):
-            raise TypeError(f"For '{name}', '{arg_name}' must be a mindspore.Tensor, but got {type(value).__name__}.")
-    if teacher_ids.dtype not in _validation.INT_DTYPES:
-        raise TypeError(f"For '{name}', 'teacher_ids' must have dtype int32 or int64, but got {teacher_ids.dtype}.")
-    value_dtypes = _validation.FLOAT_DTYPES + (_validation.INT_DTYPES if mode == "sampled" else ())
-    if teacher_values.dtype not in value_dtypes:
-        kind = "counts (int32, int64 or a float dtype)" if mode == "sampled" else "log-probabilities (a float dtype)"
-        raise TypeError(f"For '{name}', 'teacher_values' must hold {kind}, but got {teacher_values.dtype}.")
-    _shapes(ops.shape(student_logits), ops.shape(teacher_ids), ops.shape(teacher_values), name)
+    _validation.stored_vocab(ops.shape(student_logits), name)
+    _validation.check_stored_teacher(teacher_ids, teacher_values, ops.shape(student_logits)[:-1], mode, name)
     if labels is not None:
         # type and dtype here; the shape in a constexpr (under dynamic shapes a comparison in graph code would be a
         # run-time value)
         _validation.check_labels(labels, (None,), name)
-        _labels_shape(ops.shape(labels), ops.shape(student_logits), name)
-
-
-def _known(d):
-    return d is not None and d >= 0
-
-
-@constexpr
-def _shapes(s_shape, ids_shape, vals_shape, name):
-    if -2 in tuple(s_shape) or -2 in tuple(ids_shape) or -2 in tuple(vals_shape):
-        return
-    if _known(s_shape[-1]) and s_shape[-1] == 0:
-        raise ValueError(f"For '{name}', 'student_logits' must have at least one class on the last axis, but got "
-                         f"shape {tuple(s_shape)}.")
-    if len(ids_shape) != len(s_shape) or any(_known(a) and _known(b) and a != b
-                                             for a, b in zip(ids_shape[:-1], s_shape[:-1])):
-        raise ValueError(f"For '{name}', 'teacher_ids' must have the student's leading shape {tuple(s_shape[:-1])} "
-                         f"and K ids on the last axis, but got shape {tuple(ids_shape)}.")
-    if _known(ids_shape[-1]) and ids_shape[-1] == 0:
-        raise ValueError(f"For '{name}', 'teacher_ids' must hold at least one id per row, but got shape "
-                         f"{tuple(ids_shape)}.")
-    if len(vals_shape) != len(ids_shape) or any(_known(a) and _known(b) and a != b
-                                                for a, b in zip(vals_shape, ids_shape)):
-        raise ValueError(f"For '{name}', 'teacher_values' must have the shape of 'teacher_ids' {tuple(ids_shape)}, "
-                         f"but got {tuple(vals_shape)}.")
-
-
-@constexpr
-def _labels_shape(labels_shape, s_shape, name):
-    if -2 in tuple(s_shape) or -2 in tuple(labels_shape):
-        return
-    lead = tuple(s_shape)[:-1]
-    if len(labels_shape) != len(lead) or any(_known(a) and _known(b) and a != b for a, b in zip(labels_shape, lead)):
-        raise ValueError(f"For '{name}', 'labels' must have the logits' leading shape {lead}, but got "
-                         f"{tuple(labels_shape)}.")
-
-
-def _check_data(student_logits, teacher_ids, teacher_values, mode, labels, ignore_index, name):
-    """The values (PyNative only: compiled code cannot raise; there a row with an id >= V or a repeated id gives
-    NaN). Ignored rows are not looked at."""
-    vocab = student_logits.shape[-1]
-    ids = teacher_ids.asnumpy().reshape(-1, teacher_ids.shape[-1])
-    vals = teacher_values.asnumpy().astype(np.float64).reshape(ids.shape)
-    if labels is not None:
-        keep = labels.asnumpy().reshape(-1) != ignore_index
-        ids, vals = ids[keep], vals[keep]
-    valid = ids >= 0
-    if np.any(ids >= vocab):
-        raise ValueError(f"For '{name}', 'teacher_ids' must be in [0, {vocab}) (negative: padding), but got "
-                         f"{int(ids.max())}.")
-    ordered = np.sort(np.where(valid, ids, -1 - np.arange(ids.shape[-1])), -1)  # padding never repeats
-    if np.any(ordered[:, 1:] == ordered[:, :-1]):
-        raise ValueError(f"For '{name}', 'teacher_ids' must not repeat an id within a row (merge the entries: add "
-                         f"their counts, or log-add their probabilities).")
-    if mode == "sampled" and np.any(valid & (vals < 0)):
-        raise ValueError(f"For '{name}', 'teacher_values' (counts) must be >= 0, but got {vals[valid].min()}.")
-    if mode != "sampled" and np.any(valid & (vals > 0)):
-        raise ValueError(f"For '{name}', 'teacher_values' (log-probabilities) must be <= 0, but got "
-                         f"{vals[valid].max()}.")
+        _validation.leading_shape(ops.shape(labels), ops.shape(student_logits)[:-1], "labels", name)
 
 
 @functools.lru_cache(maxsize=None)
@@ -149,7 +66,8 @@ def _rows_op(backend, device, dtype, mode, temperature, teacher_temperature, bet
 def _sparse(student_logits, teacher_ids, teacher_values, mode, temperature, teacher_temperature, beta, reduction,
             labels, ignore_index, backend):
     if not compiled(student_logits):
-        _check_data(student_logits, teacher_ids, teacher_values, mode, labels, ignore_index, _NAME)
+        _validation.check_stored_data(teacher_ids, teacher_values, student_logits.shape[-1], mode, labels,
+                                      ignore_index, _NAME)
     dtype = student_logits.dtype
     rows_op = _rows_op(backend, _device_target_const(), dtype, mode, temperature, teacher_temperature, beta)
     # the kernels take any leading shape (no reshape: MindSpore's CPU Reshape has no bfloat16 in graph mode)
