@@ -19,6 +19,7 @@ softmax's Jacobian gives d(T^2 D)/ds = T (a - P_s sum(a)), and likewise for t wi
 
 Entries with P = 0 (a -inf logit, a padded vocabulary entry) contribute exactly 0 to every term.
 """
+import collections
 import math
 
 import mindspore as ms
@@ -29,8 +30,48 @@ from . import _math
 
 #: Columns of the distillation kernels' per-row statistics (distill::kStats in custom_ops/common/distill_math.h).
 STATS = 8
+
+#: The divergences besides the 'kl' family (by beta), in the order of their codes (hyper[2] of the kernels):
+#: 'tvd' 1/2 sum |P_s - P_t|; 'skew_kl' KL(P_t || alpha P_t + (1-alpha) P_s); 'skew_rkl' KL(P_s || alpha P_s +
+#: (1-alpha) P_t); 'symmetric_kl' alpha KL(P_t || P_s) + (1-alpha) KL(P_s || P_t).
+DIVERGENCES = ("kl", "tvd", "skew_kl", "skew_rkl", "symmetric_kl")
+
+#: What a distillation loss computes besides (temperature, beta): the divergence, its alpha, and the transform of
+#: both models' logits before the temperature (softcap > 0: cap tanh(z / cap), after z * logit_scale).
+Variant = collections.namedtuple("Variant", ["divergence", "alpha", "softcap", "logit_scale"])
+KL = Variant("kl", 0.0, 0.0, 1.0)
+
+
+def hyper(temperature, beta, variant=KL):
+    """The kernels' float64 hyper input: (temperature, beta, divergence code, alpha, soft cap, logit scale)."""
+    return (float(temperature), float(beta), float(DIVERGENCES.index(variant.divergence)), float(variant.alpha),
+            float(variant.softcap), float(variant.logit_scale))
+
+
+def transformed(z, variant):
+    """Both models' logits as the loss sees them: z * logit_scale, soft-capped (differentiable)."""
+    if variant.logit_scale != 1.0:
+        z = z * ops.cast(_f64(variant.logit_scale), z.dtype)
+    if variant.softcap > 0:
+        cap = ops.cast(_f64(variant.softcap), z.dtype)
+        z = cap * ops.tanh(z / cap)
+    return z
+
+
+def transform_slope(z, variant):
+    """d transformed(z) / dz."""
+    scale = ops.cast(_f64(variant.logit_scale), z.dtype)
+    if variant.softcap <= 0:
+        return ops.ones_like(z) * scale
+    th = ops.tanh(z * scale / ops.cast(_f64(variant.softcap), z.dtype))
+    return scale * (1.0 - th * th)
 _NEG_INF = float("-inf")
 _pointwise_kl = _math.pointwise(True).loss  # p (log p - log q) for (log q, log p), exactly 0 where p is 0
+
+
+@constexpr
+def _f64(value):
+    return ms.Tensor(value, ms.float64)
 
 
 @constexpr
@@ -68,29 +109,72 @@ def log_mixture(log_ps, log_pt, log_w_t, log_w_s):
     return ops.where(both, _NEG_INF, m + ops.log(ops.exp(x - m) + ops.exp(y - m)))
 
 
-def _terms(student, teacher, temperature, beta, differentiable):
-    """(pointwise divergence terms, a, b, P_s, P_t, T) for rows of logits, in the logits' dtype (module docstring)."""
-    inv_t, t_lin, _, w_t, w_s, log_w_t, log_w_s = [ops.cast(v, student.dtype) for v in constants(temperature, beta)]
+def _log_mix(log_ps, log_pt, w_t, w_s):
+    """log(w_t P_t + w_s P_s) for Python weights (log_mixture with their logs; a weight of 0 drops its model)."""
+    if w_t == 0:
+        return log_ps
+    if w_s == 0:
+        return log_pt
+    log_w_t, log_w_s = [ops.cast(_f64(v), log_ps.dtype) for v in (math.log(w_t), math.log(w_s))]
+    return log_mixture(log_ps, log_pt, log_w_t, log_w_s)
+
+
+def _pairwise(log_ps, log_pt, ps, pt, beta, variant):
+    """(pointwise divergence terms, a, b) of the log-probabilities (module docstring; a = P_s dD/dP_s and
+    b = P_t dD/dP_t without the constants that cancel in the softmax's backward). custom_ops/common/distill_math.h
+    ``class_terms`` is the C++ twin."""
+    kind, alpha = variant.divergence, variant.alpha
+    dt = log_ps.dtype
+    if kind == "kl" and beta == 0:
+        b = _pointwise_kl(log_ps, log_pt)
+        return b, -pt, b
+    if kind == "kl" and beta == 1:
+        a = _pointwise_kl(log_pt, log_ps)
+        return a, a, -ps
+    if kind == "kl":
+        log_m = _log_mix(log_ps, log_pt, beta, 1.0 - beta)
+        a = ops.cast(_f64(1.0 - beta), dt) * _pointwise_kl(log_m, log_ps)
+        b = ops.cast(_f64(beta), dt) * _pointwise_kl(log_m, log_pt)
+        return a + b, a, b
+    if kind == "tvd":
+        sign = ops.sign(ps - pt)
+        return 0.5 * ops.abs(ps - pt), 0.5 * ps * sign, -0.5 * pt * sign
+    if kind in ("skew_kl", "skew_rkl"):
+        t_weighs = kind == "skew_kl"
+        lp, lq, p = (log_pt, log_ps, pt) if t_weighs else (log_ps, log_pt, ps)
+        w_p, w_q = alpha, 1.0 - alpha
+        log_m = _log_mix(lq, lp, w_p, w_q)  # w_p P + w_q Q
+        kl = _pointwise_kl(log_m, lp)
+        has = p > 0
+        safe_m = ops.where(has, log_m, 0.0)
+        pq = ops.where(has, ops.exp(ops.where(has, lp + lq, 0.0) - safe_m), 0.0)
+        pp = ops.where(has, ops.exp(ops.where(has, lp + lp, 0.0) - safe_m), 0.0)
+        da_p = kl - ops.cast(_f64(w_p), dt) * pp
+        da_q = -ops.cast(_f64(w_q), dt) * pq
+        return (kl, da_q, da_p) if t_weighs else (kl, da_p, da_q)
+    # symmetric_kl
+    fwd = _pointwise_kl(log_ps, log_pt)
+    rev = _pointwise_kl(log_pt, log_ps)
+    w_f, w_r = ops.cast(_f64(alpha), dt), ops.cast(_f64(1.0 - alpha), dt)
+    return w_f * fwd + w_r * rev, -w_f * pt + w_r * rev, w_f * fwd - w_r * ps
+
+
+def _terms(student, teacher, temperature, beta, differentiable, variant=KL):
+    """(pointwise divergence terms, a, b, P_s, P_t, T) for rows of logits, in the logits' dtype (module docstring);
+    the logits are transformed first (``variant``)."""
+    inv_t, t_lin = [ops.cast(v, student.dtype) for v in constants(temperature, beta)[:2]]
     log_softmax = log_softmax_plain if differentiable or student.dtype == ms.float64 else (
         lambda z: ops.log_softmax(z, -1))
-    log_ps = log_softmax(student * inv_t)
-    log_pt = log_softmax(teacher * inv_t)
+    log_ps = log_softmax(transformed(student, variant) * inv_t)
+    log_pt = log_softmax(transformed(teacher, variant) * inv_t)
     ps, pt = ops.exp(log_ps), ops.exp(log_pt)
-    if beta == 0:
-        b = _pointwise_kl(log_ps, log_pt)
-        return b, -pt, b, ps, pt, t_lin
-    if beta == 1:
-        a = _pointwise_kl(log_pt, log_ps)
-        return a, a, -ps, ps, pt, t_lin
-    log_m = log_mixture(log_ps, log_pt, log_w_t, log_w_s)
-    a = w_s * _pointwise_kl(log_m, log_ps)
-    b = w_t * _pointwise_kl(log_m, log_pt)
-    return a + b, a, b, ps, pt, t_lin
+    terms, a, b = _pairwise(log_ps, log_pt, ps, pt, beta, variant)
+    return terms, a, b, ps, pt, t_lin
 
 
-def row_losses(student, teacher, temperature, beta):
-    """T^2 * D_beta of each row of 2-D logits [R, V], in their dtype."""
-    terms = _terms(student, teacher, temperature, beta, False)[0]
+def row_losses(student, teacher, temperature, beta, variant=KL):
+    """T^2 * D of each row of 2-D logits [R, V], in their dtype."""
+    terms = _terms(student, teacher, temperature, beta, False, variant)[0]
     return ops.cast(constants(temperature, beta)[2], student.dtype) * ops.sum(terms, -1)
 
 
@@ -98,12 +182,16 @@ def _softmax_vjp(t_lin, u, p):
     return t_lin * (u - p * ops.sum(u, -1, keepdim=True))
 
 
-def row_grads(student, teacher, temperature, beta, want_teacher, differentiable=False):
+def row_grads(student, teacher, temperature, beta, want_teacher, differentiable=False, variant=KL):
     """(d/d student, d/d teacher or None) of the sum of the row losses; ``differentiable``: the gradients will be
     differentiated again, so the log-softmax is written in plain ops."""
-    _, a, b, ps, pt, t_lin = _terms(student, teacher, temperature, beta, differentiable)
-    d_student = t_lin * (ps - pt) if beta == 0 else _softmax_vjp(t_lin, a, ps)
+    _, a, b, ps, pt, t_lin = _terms(student, teacher, temperature, beta, differentiable, variant)
+    plain = variant.divergence == "kl" and beta == 0
+    d_student = t_lin * (ps - pt) if plain else _softmax_vjp(t_lin, a, ps)
     d_teacher = _softmax_vjp(t_lin, b, pt) if want_teacher else None
+    if variant.softcap > 0 or variant.logit_scale != 1.0:
+        d_student = d_student * transform_slope(student, variant)
+        d_teacher = None if d_teacher is None else d_teacher * transform_slope(teacher, variant)
     return d_student, d_teacher
 
 

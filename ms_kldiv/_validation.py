@@ -272,3 +272,22 @@ def check_stored_data(teacher_ids, teacher_values, vocab, mode, labels, ignore_i
     if mode != "sampled" and np.any(valid & (vals > 0)):
         raise ValueError(f"For '{name}', 'teacher_values' (log-probabilities) must be <= 0, but got "
                          f"{vals[valid].max()}.")
+
+
+# ------------------------------------------------------------------------------------------------- row weights
+def check_weights(weights, lead, name):
+    """``weights``: a float Tensor of the logits' leading shape ``lead`` (``ops.shape``)."""
+    if not isinstance(weights, Tensor):
+        raise TypeError(f"For '{name}', 'weights' must be a mindspore.Tensor or None, but got "
+                        f"{type(weights).__name__}.")
+    if weights.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"For '{name}', 'weights' must have a floating dtype, but got {weights.dtype}.")
+    leading_shape(ops.shape(weights), lead, "weights", name)
+
+
+def check_weights_data(weights, name):
+    """PyNative only (compiled code cannot raise on values): weights must be finite and >= 0."""
+    values = weights.float().asnumpy() if weights.dtype == ms.bfloat16 else weights.asnumpy()
+    if values.size and not (np.all(np.isfinite(values)) and values.min() >= 0):
+        raise ValueError(f"For '{name}', 'weights' must be finite and >= 0, but got values in "
+                         f"[{values.min()}, {values.max()}].")

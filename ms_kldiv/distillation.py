@@ -13,8 +13,8 @@ from mindspore import nn, ops
 from mindspore.ops import constexpr
 
 from . import _validation
-from ._distill_math import constants, log_mixture, log_softmax_plain
-from .backends import _device_target_const, check_name_const, compiled, distill, get_distill_kernels
+from ._distill_math import DIVERGENCES, KL, Variant, _pairwise, constants, log_mixture, log_softmax_plain, transformed
+from .backends import _device_target_const, _warn_once, check_name_const, compiled, distill, get_distill_kernels
 from .functional import kl_div
 from .reference import DISTILL_REDUCTIONS
 
@@ -38,6 +38,33 @@ def _const(value, like):
     return ops.cast(_f64(value), like.dtype)
 
 
+#: alpha when not given: DistiLLM's skew 0.1; torchtune's sym_kd_ratio 0.5.
+_DEFAULT_ALPHA = {"skew_kl": 0.1, "skew_rkl": 0.1, "symmetric_kl": 0.5}
+
+
+def variant_of(divergence, alpha, softcap, logit_scale, beta, name):
+    """The checked ``Variant`` of these options (``ms_kldiv._distill_math``)."""
+    if not isinstance(divergence, str):
+        raise TypeError(f"For '{name}', 'divergence' must be a str, but got {type(divergence).__name__}.")
+    if divergence not in DIVERGENCES:
+        raise ValueError(f"For '{name}', 'divergence' must be one of {list(DIVERGENCES)}, but got {divergence!r}.")
+    if divergence != "kl" and beta != 0:
+        raise ValueError(f"For '{name}', 'beta' selects within divergence='kl' (forward, reverse, JSD); with "
+                         f"divergence={divergence!r} it must stay 0, but got {beta!r}.")
+    if alpha is not None and divergence not in _DEFAULT_ALPHA:
+        raise ValueError(f"For '{name}', 'alpha' is the parameter of 'skew_kl', 'skew_rkl' and 'symmetric_kl'; "
+                         f"divergence={divergence!r} takes none (got alpha={alpha!r}).")
+    if alpha is None:
+        alpha = _DEFAULT_ALPHA.get(divergence, 0.0)
+    _validation.check_number(alpha, "alpha", name, 0.0, 1.0)
+    if divergence in ("skew_kl", "skew_rkl") and alpha == 1:
+        raise ValueError(f"For '{name}', 'alpha' of {divergence!r} must be < 1 (1 compares a model with itself).")
+    if softcap is not None:
+        _validation.check_number(softcap, "softcap", name, 0.0, float("inf"), low_open=True)
+    _validation.check_number(logit_scale, "logit_scale", name, 0.0, float("inf"), low_open=True)
+    return Variant(divergence, float(alpha), float(softcap or 0.0), float(logit_scale))
+
+
 def _check_options(temperature, reduction, beta, ignore_index, backend, name):
     _validation.check_temperature(temperature, name)
     _validation.check_reduction(reduction, True, name, DISTILL_REDUCTIONS)
@@ -48,12 +75,15 @@ def _check_options(temperature, reduction, beta, ignore_index, backend, name):
     check_name_const(backend, name)
 
 
-def _check_args(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend, name):
+def _check_args(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend, name,
+                weights=None):
     """All checks, before anything runs; returns the promoted dtype. Plain Python, so it also runs at graph
     compile time."""
     _check_options(temperature, reduction, beta, ignore_index, backend, name)
     dtype = _validation.check_tensors(student_logits, teacher_logits, name, ("student_logits", "teacher_logits"),
                                       min_rank=1, shapes=_validation.kldiv_logits_shapes)
+    if weights is not None:
+        _validation.check_weights(weights, ops.shape(student_logits)[:-1], name)
     if labels is not None:
         if student_logits.shape != teacher_logits.shape:
             raise ValueError(f"For '{name}', 'labels' needs student and teacher logits of one shape, but got "
@@ -62,13 +92,14 @@ def _check_args(student_logits, teacher_logits, temperature, reduction, beta, la
     return dtype
 
 
-def _log_probs(logits, temperature, compute_dtype, keep=None):
+def _log_probs(logits, temperature, compute_dtype, keep=None, variant=KL):
     if logits.dtype != compute_dtype:
         logits = ops.cast(logits, compute_dtype)
     if keep is not None:
         # Ignored rows' logits become zeros before any math: a NaN or inf there cannot reach the value or, through
         # a NaN x 0 product in some backward, a gradient (where's backward selects; it does not multiply).
         logits = ops.where(ops.expand_dims(keep, -1), logits, 0.0)
+    logits = transformed(logits, variant)
     if temperature != 1:
         logits = logits / _const(temperature, logits)
     if compute_dtype == ms.float64:
@@ -78,9 +109,14 @@ def _log_probs(logits, temperature, compute_dtype, keep=None):
     return ops.log_softmax(logits, -1)
 
 
-def _divergence(log_p_student, log_p_teacher, beta, reduction, backend):
+def _divergence(log_p_student, log_p_teacher, beta, reduction, backend, variant=KL):
     """The divergence of the two log-distributions: forward KL (beta 0), reverse KL (beta 1), else the
-    generalized Jensen-Shannon divergence beta * KL(P_t || M) + (1 - beta) * KL(P_s || M)."""
+    generalized Jensen-Shannon divergence beta * KL(P_t || M) + (1 - beta) * KL(P_s || M); the other divergences
+    of ``variant`` from their pointwise terms."""
+    if variant.divergence != "kl":
+        terms = _pairwise(log_p_student, log_p_teacher, ops.exp(log_p_student), ops.exp(log_p_teacher), beta,
+                          variant)[0]
+        return terms if reduction == "none" else ops.sum(terms)
     if beta == 0:
         return kl_div(log_p_student, log_p_teacher, reduction=reduction, log_target=True, backend=backend)
     if beta == 1:
@@ -95,11 +131,22 @@ def _divergence(log_p_student, log_p_teacher, beta, reduction, backend):
 
 
 @functools.lru_cache(maxsize=None)
-def _fused_rows(backend, device, temperature, beta, graph):
+def _fused_rows(backend, device, temperature, beta, graph, variant=KL):
     """(dtypes the kernels take, their per-row loss op) for these settings: the distillation kernels that the
-    registry picks for ``backend`` on ``device`` (RuntimeError when that backend cannot run them there)."""
-    _, kernels = get_distill_kernels(backend, device)
-    return kernels.dtypes, distill.rows_op(kernels, temperature, beta, split=graph)
+    registry picks for ``backend`` on ``device`` (RuntimeError when that backend cannot run them there). Kernels
+    that cannot compute ``variant`` (a divergence or logits transform they lack) give way to the composite ones
+    under 'auto' (saying so once) and are an error when named."""
+    name, kernels = get_distill_kernels(backend, device)
+    reason = kernels.unsupported(variant)
+    if reason is not None:
+        if backend != "auto":
+            raise RuntimeError(f"For 'distillation_loss', backend {backend!r} cannot compute "
+                               f"divergence={variant.divergence!r} with softcap={variant.softcap}, "
+                               f"logit_scale={variant.logit_scale} on {device}: {reason}.")
+        _warn_once((device, "distillation", name, variant), f"ms_kldiv: backend 'auto' runs {variant} on {device} "
+                   f"with 'composite' because '{name}' cannot ({reason})")
+        _, kernels = get_distill_kernels("composite", device)
+    return kernels.dtypes, distill.rows_op(kernels, temperature, beta, split=graph, variant=variant)
 
 
 def _fusable_fn(student_shape, teacher_shape, reduction):
@@ -171,7 +218,7 @@ def _count(known, x, dims, like):
     return _const(float(known), like) if known >= 0 else _dims_product(x, dims, like)
 
 
-def _reduce(total, student_logits, reduction, keep):
+def _reduce(total, student_logits, reduction, keep, weights=None):
     """The reduction of ``total``, the sum of the counted rows' terms, by the count ``reduction`` names:
 
     - 'sum': none; 'batchmean': student_logits.shape[0] (1 for 1-D logits) without labels, the counted rows with
@@ -184,6 +231,12 @@ def _reduce(total, student_logits, reduction, keep):
     shape = ops.shape(student_logits)
     if reduction == "sum":
         loss = total
+    elif weights is not None:
+        # weighted rows: the means divide by the counted rows' weights (0 when they sum to 0)
+        counted = ops.sum(weights if keep is None else ops.where(keep, weights, 0.0))
+        if reduction == "mean":
+            counted = counted * _count(_known_numel(shape[-1:]), student_logits, "vocab", total)
+        return ops.where(counted > 0, total / ops.where(counted > 0, counted, 1.0), 0.0)
     elif keep is not None:
         counted = ops.sum(ops.cast(keep, total.dtype))
         if reduction == "mean":
@@ -223,41 +276,53 @@ def _upcasts(device):
     return device in ("CPU", "GPU")
 
 
-def _distill(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend, dtype):
+def _row_weights(weights, keep, dtype):
+    """The weights in ``dtype`` with ignored rows' set to 0 (a NaN weight there must not reach anything)."""
+    w = ops.cast(weights, dtype)
+    return w if keep is None else ops.where(keep, w, 0.0)
+
+
+def _distill(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend, dtype,
+             variant=KL, weights=None):
     keep = None if labels is None else labels != ignore_index
     device = _device_target_const()
     graph = compiled(student_logits)
-    dtypes, rows_op = _fused_rows(backend, device, temperature, beta, graph)
+    dtypes, rows_op = _fused_rows(backend, device, temperature, beta, graph, variant)
     if _takes_fused(student_logits, teacher_logits, reduction, dtype, dtypes):
         if student_logits.dtype != dtype:
             student_logits = ops.cast(student_logits, dtype)
         if teacher_logits.dtype != dtype:
             teacher_logits = ops.cast(teacher_logits, dtype)
         rows = rows_op(student_logits, teacher_logits)
-        if beta not in (0, 1):
-            # The fused JSD gives 0, not NaN, for a row where neither model has a distribution (NaN, +inf or
-            # every logit -inf in both: its class terms test p > 0, which NaN fails). The forward KL of the
-            # student against itself is finite (0) on a row with a distribution and NaN on one without, so
-            # adding 0 x that marks those rows as the composition does, for one more read of the student.
+        if beta not in (0, 1) or variant.divergence != "kl":
+            # The two-pass kinds (the JSD family, TVD, skew, symmetric) give 0, not NaN, for a row where neither
+            # model has a distribution (NaN, +inf or every logit -inf in both: its class terms test p > 0, which
+            # NaN fails). The forward KL of the student against itself is finite (0) on a row with a
+            # distribution and NaN on one without, so adding 0 x that marks those rows as the composition does,
+            # for one more read of the student.
             check = _fused_rows(backend, device, temperature, 0.0, graph)[1]
             rows = rows + ops.stop_gradient(check(student_logits, student_logits)) * 0.0
+        w = None if weights is None else _row_weights(weights, keep, rows.dtype)
+        if w is not None:
+            rows = rows * w
         if keep is not None:
             rows = ops.where(keep, rows, 0.0)
-        loss = _reduce(ops.sum(rows), student_logits, reduction, keep)
+        loss = _reduce(ops.sum(rows), student_logits, reduction, keep, w)
         return loss if dtype == ms.float32 else ops.cast(loss, dtype)
     return _compose(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend,
-                    dtype, _compute_dtype(dtype, _upcasts(device)))
+                    dtype, _compute_dtype(dtype, _upcasts(device)), variant, weights)
 
 
 def _compose(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend, dtype,
-             compute_dtype=None):
-    """Two log-softmaxes and kl_div: every shape, dtype, reduction and device. ``compute_dtype``: the dtype of
-    the math (default: float32 for half types, else ``dtype``, what a user's own composition computes in)."""
+             compute_dtype=None, variant=KL, weights=None):
+    """Two log-softmaxes and kl_div (the other divergences: their pointwise terms): every shape, dtype, reduction
+    and device. ``compute_dtype``: the dtype of the math (default: float32 for half types, else ``dtype``, what a
+    user's own composition computes in)."""
     if compute_dtype is None:
         compute_dtype = _compute_dtype(dtype, False)
     keep = None if labels is None else labels != ignore_index
-    log_p_student = _log_probs(student_logits, temperature, compute_dtype, keep)
-    log_p_teacher = _log_probs(teacher_logits, temperature, compute_dtype, keep)
+    log_p_student = _log_probs(student_logits, temperature, compute_dtype, keep, variant)
+    log_p_teacher = _log_probs(teacher_logits, temperature, compute_dtype, keep, variant)
     if _known_rows(ops.shape(student_logits)) <= 0 and _shapes_differ(ops.shape(student_logits),
                                                                        ops.shape(teacher_logits)):
         # Autodiff sums a broadcast teacher's gradient back to its shape with ReduceSum, which returns uninitialized
@@ -265,19 +330,26 @@ def _compose(student_logits, teacher_logits, temperature, reduction, beta, label
         # a select on it (a select, unlike a product, drops a garbage cotangent).
         has_rows = _count(-1, student_logits, "rows", log_p_teacher) > 0
         log_p_teacher = ops.where(has_rows, log_p_teacher, ops.stop_gradient(log_p_teacher))
+    w = None if weights is None else _row_weights(weights, keep, compute_dtype)
     if reduction == "none":
-        loss = _divergence(log_p_student, log_p_teacher, beta, "none", backend)
+        loss = _divergence(log_p_student, log_p_teacher, beta, "none", backend, variant)
+        if w is not None:
+            loss = loss * ops.expand_dims(w, -1)
         if keep is not None:
             loss = ops.where(ops.expand_dims(keep, -1), loss, 0.0)
-    elif keep is None:
+    elif keep is None and w is None:
         # kl_div's own 'sum' (0 for empty operands); the count is ours: kl_div's 'batchmean' would divide by its
         # first operand's rows, the teacher's for reverse KL, which may be broadcast.
-        loss = _reduce(_divergence(log_p_student, log_p_teacher, beta, "sum", backend), student_logits, reduction,
-                       None)
+        loss = _reduce(_divergence(log_p_student, log_p_teacher, beta, "sum", backend, variant), student_logits,
+                       reduction, None)
     else:
-        # Rows whose label is ignore_index contribute 0 and leave the counts.
-        pointwise = _divergence(log_p_student, log_p_teacher, beta, "none", backend)
-        loss = _reduce(ops.sum(ops.where(ops.expand_dims(keep, -1), pointwise, 0.0)), student_logits, reduction, keep)
+        # Rows whose label is ignore_index contribute 0 and leave the counts; weights scale their rows.
+        pointwise = _divergence(log_p_student, log_p_teacher, beta, "none", backend, variant)
+        if w is not None:
+            pointwise = pointwise * ops.expand_dims(w, -1)
+        if keep is not None:
+            pointwise = ops.where(ops.expand_dims(keep, -1), pointwise, 0.0)
+        loss = _reduce(ops.sum(pointwise), student_logits, reduction, keep, w)
     if temperature != 1:
         loss = loss * ops.cast(_squared(temperature), loss.dtype)
     # kl_div returns compute_dtype; decided from the constants rather than loss.dtype, which a custom op's
@@ -288,7 +360,8 @@ def _compose(student_logits, teacher_logits, temperature, reduction, beta, label
 
 
 def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction="batchmean", *, beta=0.0,
-                      labels=None, ignore_index=-100, backend="auto"):
+                      labels=None, ignore_index=-100, backend="auto", divergence="kl", alpha=None, weights=None,
+                      softcap=None, logit_scale=1.0):
     r"""
     Knowledge-distillation loss (Hinton et al., 2015) from raw logits: a temperature-scaled divergence between
     the teacher's and the student's distributions over the last axis, forward KL by default.
@@ -361,6 +434,20 @@ def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction
             whose label equals `ignore_index` contribute 0 and are left out of the counts; all rows ignored gives
             0. Needs logits of one shape. Default: ``None``.
         ignore_index (int, optional): The label of ignored rows. Default: ``-100``.
+        divergence (str, optional): ``'kl'`` (the family above, by `beta`), ``'tvd'`` (:math:`\tfrac12\sum|P_s -
+            P_t|`, Liger's ``LigerTVDLoss``), ``'skew_kl'`` (:math:`\mathrm{KL}(P_t \| \alpha P_t + (1-\alpha) P_s)`)
+            / ``'skew_rkl'`` (:math:`\mathrm{KL}(P_s \| \alpha P_s + (1-\alpha) P_t)`, DistiLLM), ``'symmetric_kl'``
+            (:math:`\alpha\,\mathrm{KL}(P_t\|P_s) + (1-\alpha)\,\mathrm{KL}(P_s\|P_t)`, torchtune's
+            ``SymmetricKLLoss`` with ``sym_kd_ratio=alpha``); each times :math:`T^2`. Default: ``'kl'``.
+        alpha (float, optional): The skew (default 0.1, DistiLLM's) or the forward-KL share of 'symmetric_kl'
+            (default 0.5); only for those divergences.
+        weights (Tensor, optional): Float weights of the logits' leading shape (>= 0): each row's divergence is
+            multiplied by its weight and the means divide by the sum of the counted rows' weights ('mean' also by V)
+            instead of their number; 0 when they sum to 0. Default: ``None``.
+        softcap (float, optional): Soft-cap both models' logits, :math:`c \tanh(z / c)` (Gemma's
+            ``final_logit_softcapping``), before the temperature. Default: ``None``.
+        logit_scale (float, optional): Multiply both models' logits by this (> 0, Cohere's ``logit_scale``) before
+            the soft cap and the temperature. Default: ``1.0``.
         backend (str, optional): ``'auto'`` or a name from :func:`ms_kldiv.backend_names`, checked before anything
             runs. ``'auto'`` / ``'aot'`` use the fused distillation kernels where they run (CPU, GPU, Ascend with its
             operators installed) for one shape of float32/half logits and a reducing `reduction`; otherwise, and on
@@ -394,10 +481,13 @@ def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction
         >>> print(loss.shape, loss.dtype, f"{float(loss):.4f}")
         () Float32 0.2660
     """
+    variant = variant_of(divergence, alpha, softcap, logit_scale, beta, _NAME)
     dtype = _check_args(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend,
-                        _NAME)
+                        _NAME, weights)
+    if weights is not None and not compiled(weights):
+        _validation.check_weights_data(weights, _NAME)
     return _distill(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend,
-                    dtype)
+                    dtype, variant, weights)
 
 
 class DistillationLoss(nn.Cell):
@@ -414,11 +504,13 @@ class DistillationLoss(nn.Cell):
         beta (float, optional): 0 forward KL, 1 reverse KL, in between generalized JSD. Default: ``0.0``.
         ignore_index (int, optional): The label of ignored rows. Default: ``-100``.
         backend (str, optional): Implementation, as in :func:`ms_kldiv.kl_div`. Default: ``'auto'``.
+        divergence, alpha, softcap, logit_scale: As in :func:`ms_kldiv.distillation_loss`.
 
     Inputs:
         - **student_logits** (Tensor) - Logits of the student, classes on the last axis.
         - **teacher_logits** (Tensor) - Logits of the teacher, of the student's shape or broadcasting to it.
         - **labels** (Tensor, optional) - Labels of the leading shape; rows equal to `ignore_index` are ignored.
+        - **weights** (Tensor, optional) - Float weights of the leading shape, as in the functional.
 
     Outputs:
         Tensor of the promoted dtype: the student's shape for ``'none'``, else a 0-d Tensor.
@@ -431,21 +523,26 @@ class DistillationLoss(nn.Cell):
         ``Ascend`` ``GPU`` ``CPU``
     """
 
-    def __init__(self, temperature=1.0, reduction="batchmean", *, beta=0.0, ignore_index=-100, backend="auto"):
+    def __init__(self, temperature=1.0, reduction="batchmean", *, beta=0.0, ignore_index=-100, backend="auto",
+                 divergence="kl", alpha=None, softcap=None, logit_scale=1.0):
         super().__init__()
         _check_options(temperature, reduction, beta, ignore_index, backend, "DistillationLoss")
+        self.variant = variant_of(divergence, alpha, softcap, logit_scale, beta, "DistillationLoss")
         self.temperature = float(temperature)
         self.reduction = reduction
         self.beta = float(beta)
         self.ignore_index = ignore_index
         self.backend = backend
 
-    def construct(self, student_logits, teacher_logits, labels=None):
+    def construct(self, student_logits, teacher_logits, labels=None, weights=None):
         dtype = _check_args(student_logits, teacher_logits, self.temperature, self.reduction, self.beta, labels,
-                            self.ignore_index, self.backend, "DistillationLoss")
+                            self.ignore_index, self.backend, "DistillationLoss", weights)
+        if weights is not None and not compiled(weights):
+            _validation.check_weights_data(weights, "DistillationLoss")
         return _distill(student_logits, teacher_logits, self.temperature, self.reduction, self.beta, labels,
-                        self.ignore_index, self.backend, dtype)
+                        self.ignore_index, self.backend, dtype, self.variant, weights)
 
     def extend_repr(self):
         return (f"temperature={self.temperature}, reduction={self.reduction!r}, beta={self.beta}, "
-                f"ignore_index={self.ignore_index}, backend={self.backend!r}")
+                f"ignore_index={self.ignore_index}, backend={self.backend!r}, divergence={self.variant.divergence!r}, "
+                f"alpha={self.variant.alpha}, softcap={self.variant.softcap}, logit_scale={self.variant.logit_scale}")

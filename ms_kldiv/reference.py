@@ -107,21 +107,56 @@ def log_softmax(z):
         return z - m - np.log(np.sum(np.exp(z - m), axis=-1, keepdims=True))
 
 
-def distillation_pointwise(student_logits, teacher_logits, temperature=1.0, beta=0.0):
-    """The pointwise terms (summing over the last axis gives one row's divergence), float64, times T^2:
-    TRL's ``generalized_jsd_loss`` definition (log-softmax of logits / T; beta 0 forward KL(P_t || P_s), beta 1
-    reverse KL(P_s || P_t), else beta KL(P_t || M) + (1 - beta) KL(P_s || M) with the mixture's log taken as
-    logsumexp(log P_s + log(1 - beta), log P_t + log beta)), with the zero-mass rule of ``kl_div``."""
-    ls = log_softmax(np.asarray(student_logits, np.float64) / temperature)
-    lt = log_softmax(np.asarray(teacher_logits, np.float64) / temperature)
-    if beta == 0:
-        terms = pointwise_loss(ls, lt, log_target=True)
-    elif beta == 1:
-        terms = pointwise_loss(lt, ls, log_target=True)
-    else:
+def transformed(z, softcap=0.0, logit_scale=1.0):
+    """Logits as a distillation loss sees them: z * logit_scale, then cap * tanh(. / cap) when softcap > 0 (Gemma's
+    final_logit_softcapping, Cohere's logit_scale)."""
+    z = np.asarray(z, np.float64) * logit_scale
+    return softcap * np.tanh(z / softcap) if softcap > 0 else z
+
+
+def distillation_pointwise(student_logits, teacher_logits, temperature=1.0, beta=0.0, divergence="kl", alpha=0.0,
+                           softcap=0.0, logit_scale=1.0):
+    """The pointwise terms (summing over the last axis gives one row's divergence), float64, times T^2, of the
+    transformed logits' softmaxes at T, with the zero-mass rule of ``kl_div``:
+
+    - 'kl': TRL's ``generalized_jsd_loss`` (beta 0 forward KL(P_t || P_s), beta 1 reverse KL(P_s || P_t), else
+      beta KL(P_t || M) + (1 - beta) KL(P_s || M), M = beta P_t + (1 - beta) P_s);
+    - 'tvd': 1/2 |P_s - P_t| (Liger's ``LigerTVDLoss``);
+    - 'skew_kl': KL(P_t || alpha P_t + (1 - alpha) P_s), 'skew_rkl': KL(P_s || alpha P_s + (1 - alpha) P_t)
+      (DistiLLM's skew KL and skew reverse KL);
+    - 'symmetric_kl': alpha KL(P_t || P_s) + (1 - alpha) KL(P_s || P_t) (torchtune's ``SymmetricKLLoss`` with
+      sym_kd_ratio = alpha)."""
+    ls = log_softmax(transformed(student_logits, softcap, logit_scale) / temperature)
+    lt = log_softmax(transformed(teacher_logits, softcap, logit_scale) / temperature)
+
+    def kl(lp, lq):  # p (log p - log q) with the zero-mass rule
+        return pointwise_loss(lq, lp, log_target=True)
+
+    def log_mix(w_p, lp, lq):  # log(w_p p + (1 - w_p) q)
         with np.errstate(all="ignore"):
-            lm = np.logaddexp(ls + np.log1p(-beta), lt + np.log(beta))
-        terms = beta * pointwise_loss(lm, lt, log_target=True) + (1 - beta) * pointwise_loss(lm, ls, log_target=True)
+            if w_p == 0:
+                return lq
+            if w_p == 1:
+                return lp
+            return np.logaddexp(lp + np.log(w_p), lq + np.log1p(-w_p))
+
+    if divergence == "kl" and beta == 0:
+        terms = kl(lt, ls)
+    elif divergence == "kl" and beta == 1:
+        terms = kl(ls, lt)
+    elif divergence == "kl":
+        lm = log_mix(beta, lt, ls)
+        terms = beta * kl(lt, lm) + (1 - beta) * kl(ls, lm)
+    elif divergence == "tvd":
+        terms = 0.5 * np.abs(np.exp(ls) - np.exp(lt))
+    elif divergence == "skew_kl":
+        terms = kl(lt, log_mix(alpha, lt, ls))
+    elif divergence == "skew_rkl":
+        terms = kl(ls, log_mix(alpha, ls, lt))
+    elif divergence == "symmetric_kl":
+        terms = alpha * kl(lt, ls) + (1 - alpha) * kl(ls, lt)
+    else:
+        raise ValueError(divergence)
     return terms * temperature ** 2
 
 
@@ -188,18 +223,26 @@ def distillation_count(student_shape, reduction, keep=None):
 
 
 def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction="batchmean", beta=0.0,
-                      labels=None, ignore_index=-100):
+                      labels=None, ignore_index=-100, weights=None, **variant):
     """``ms_kldiv.distillation_loss`` in float64. The teacher may broadcast to the student's shape. Rows whose label
     is ``ignore_index`` contribute 0 (their logits, NaN or inf included, are not used) and leave the counts; the sum
-    is divided by ``distillation_count``; no rows or every row ignored gives 0 for every reduction."""
+    is divided by ``distillation_count``; no rows or every row ignored gives 0 for every reduction. ``weights`` (the
+    leading shape) multiply each row's terms; the means then divide by the sum of the counted rows' weights ('mean'
+    also by V). ``variant``: divergence, alpha, softcap, logit_scale of ``distillation_pointwise``."""
     keep = _distill_keep(student_logits, labels, ignore_index)
     s, t = _distill_operands(student_logits, teacher_logits, keep)
-    terms = np.broadcast_to(distillation_pointwise(s, t, temperature, beta), s.shape)
+    terms = np.broadcast_to(distillation_pointwise(s, t, temperature, beta, **variant), s.shape)
+    if weights is not None:
+        w = np.broadcast_to(np.asarray(weights, np.float64), s.shape[:-1])
+        terms = terms * w[..., None]
     if keep is not None:
         terms = np.where(keep[..., None], terms, 0.0)
     if reduction == "none":
         return np.array(terms)
     count = distillation_count(s.shape, reduction, keep)
+    if weights is not None and reduction not in ("sum", "none"):
+        counted = w if keep is None else np.where(keep, w, 0.0)
+        count = float(np.sum(counted)) * (s.shape[-1] if reduction == "mean" else 1)
     if count == 0:
         return np.asarray(0.0)
     with np.errstate(all="ignore"):

@@ -133,7 +133,135 @@ DISTILL_HD void grads(int kind, C log_ps, C log_pt, C sum_a, C sum_b, C log_beta
   }
 }
 
-// 0: forward KL, 1: reverse KL, 2: generalized JSD.
+// 0: forward KL, 1: reverse KL, 2: generalized JSD (the 'kl' family, by beta).
 DISTILL_HD int kind_of(double beta) { return beta == 0.0 ? 0 : beta == 1.0 ? 1 : 2; }
+
+// The other divergences (hyper[2] = the code, hyper[3] = alpha; ms_kldiv/_distill_math.py DIVERGENCES):
+//   kTvd        D = 1/2 sum |P_s - P_t|                          a = 1/2 P_s sgn(P_s - P_t),  b = -1/2 P_t sgn(..)
+//   kSkewKl     D = KL(P_t || M), M = alpha P_t + (1-alpha) P_s  a = -(1-alpha) P_s P_t / M,
+//                                                                b = P_t (log P_t - log M) - alpha P_t^2 / M
+//   kSkewRkl    D = KL(P_s || M'), M' = alpha P_s + (1-alpha) P_t (the mirror image)
+//   kSymmetric  D = alpha KL(P_t || P_s) + (1-alpha) KL(P_s || P_t)
+// Like the JSD they read each row twice in the forward (both normalizers first) and use class_terms.
+enum Kind : int { kFwdKl = 0, kRevKl = 1, kJsd = 2, kTvd = 3, kSkewKl = 4, kSkewRkl = 5, kSymmetric = 6 };
+
+// The kind of (beta, divergence code, alpha): code 0 is the 'kl' family.
+DISTILL_HD int kind_of(double beta, double code) { return code == 0.0 ? kind_of(beta) : 2 + static_cast<int>(code); }
+
+// The per-call constants class_terms needs: the mixture's weights (JSD: beta, 1 - beta; skew: alpha, 1 - alpha)
+// and their logs, alpha itself.
+template <typename C>
+struct Mix {
+  C w_t, w_s, log_w_t, log_w_s, alpha;
+};
+
+template <typename C>
+DISTILL_HD Mix<C> mix_of(int kind, double beta, double alpha) {
+  Mix<C> m;
+  const double wt = kind == kJsd ? beta : kind == kSkewKl ? alpha : kind == kSkewRkl ? 1.0 - alpha : 0.0;
+  m.w_t = static_cast<C>(wt);
+  m.w_s = static_cast<C>(1.0 - wt);
+  m.log_w_t = static_cast<C>(wt > 0.0 ? log(wt) : -INFINITY);
+  m.log_w_s = static_cast<C>(wt < 1.0 ? log1p(-wt) : -INFINITY);
+  m.alpha = static_cast<C>(alpha);
+  return m;
+}
+
+// log(w_t P_t + w_s P_s) from the two log-probabilities; 0 where both have no mass (no term reads it then).
+template <typename C>
+DISTILL_HD C log_mix(C log_ps, C log_pt, const Mix<C> &m) {
+  const C u = log_pt + m.log_w_t, v = log_ps + m.log_w_s;
+  const C hi = u > v ? u : v;
+  return hi == -INFINITY ? C(0) : hi + log(exp(u - hi) + exp(v - hi));
+}
+
+// One class's divergence term and its a = P_s dD/dP_s, b = P_t dD/dP_t (constants dropped: they cancel in the
+// softmax's backward), for every kind; classes without mass in the distribution a term weights add 0.
+template <typename C>
+DISTILL_HD void class_terms(int kind, C log_ps, C log_pt, const Mix<C> &m, C *term, C *a, C *b) {
+  const C ps = exp(log_ps), pt = exp(log_pt);
+  if (kind == kFwdKl) {
+    *b = pt > 0 ? pt * (log_pt - log_ps) : C(0);
+    *a = -pt;
+    *term = *b;
+  } else if (kind == kRevKl) {
+    *a = ps > 0 ? ps * (log_ps - log_pt) : C(0);
+    *b = -ps;
+    *term = *a;
+  } else if (kind == kJsd) {
+    const C log_m = log_mix(log_ps, log_pt, m);
+    *a = ps > 0 ? m.w_s * ps * (log_ps - log_m) : C(0);
+    *b = pt > 0 ? m.w_t * pt * (log_pt - log_m) : C(0);
+    *term = *a + *b;
+  } else if (kind == kTvd) {
+    const C d = ps - pt, sg = d > 0 ? C(1) : d < 0 ? C(-1) : C(0);
+    *term = C(0.5) * (d > 0 ? d : -d);
+    *a = C(0.5) * ps * sg;
+    *b = C(-0.5) * pt * sg;
+  } else if (kind == kSkewKl || kind == kSkewRkl) {
+    // the weighted distribution P (P_t for skew KL) against M = w_t P_t + w_s P_s; Q is the other one
+    const bool t_weighs = kind == kSkewKl;
+    const C lp = t_weighs ? log_pt : log_ps, lq = t_weighs ? log_ps : log_pt;
+    const C p = t_weighs ? pt : ps;
+    const C log_m = log_mix(log_ps, log_pt, m);
+    const C w_p = t_weighs ? m.w_t : m.w_s, w_q = t_weighs ? m.w_s : m.w_t;
+    const C kl = p > 0 ? p * (lp - log_m) : C(0);
+    // P Q / M and P^2 / M in log space (exact where M is tiny)
+    const C pq = p > 0 ? exp(lp + lq - log_m) : C(0), pp = p > 0 ? exp(lp + lp - log_m) : C(0);
+    *term = kl;
+    C da_p = kl - w_p * pp, da_q = -w_q * pq;  // P dD/dP and Q dD/dQ
+    *a = t_weighs ? da_q : da_p;
+    *b = t_weighs ? da_p : da_q;
+  } else {  // kSymmetric
+    const C fwd = pt > 0 ? pt * (log_pt - log_ps) : C(0), rev = ps > 0 ? ps * (log_ps - log_pt) : C(0);
+    *term = m.alpha * fwd + (C(1) - m.alpha) * rev;
+    *a = -m.alpha * pt + (C(1) - m.alpha) * rev;
+    *b = m.alpha * fwd - (C(1) - m.alpha) * ps;
+  }
+}
+
+// The logits' transform applied to both models before the temperature: z -> cap tanh(scale z / cap) (cap > 0), or
+// scale z without a cap; slope is its derivative, which scales the gradients of the raw logits.
+struct Transform {
+  float scale, cap, inv_cap;
+  bool active;
+};
+
+DISTILL_HD Transform transform_of(double scale, double cap) {
+  Transform f;
+  f.scale = static_cast<float>(scale);
+  f.cap = static_cast<float>(cap);
+  f.inv_cap = cap > 0.0 ? static_cast<float>(1.0 / cap) : 0.0f;
+  f.active = scale != 1.0 || cap > 0.0;
+  return f;
+}
+
+DISTILL_HD float transform_apply(const Transform &f, float z) {
+  return f.cap > 0.0f ? f.cap * tanhf(f.scale * z * f.inv_cap) : f.scale * z;
+}
+
+DISTILL_HD float transform_slope(const Transform &f, float z) {
+  if (!(f.cap > 0.0f)) return f.scale;
+  const float th = tanhf(f.scale * z * f.inv_cap);
+  return f.scale * (1.0f - th * th);
+}
+
+// The gradients of one class for any kind (class_terms), scaled by g_t; kinds 0 and 1 in their closed forms.
+template <typename C>
+DISTILL_HD void grads_mix(int kind, C log_ps, C log_pt, C sum_a, C sum_b, const Mix<C> &m, C g_t, C *ds, C *dt) {
+  const C ps = exp(log_ps), pt = exp(log_pt);
+  if (kind == kFwdKl) {
+    *ds = g_t * (ps - pt);
+    *dt = pt > 0 ? g_t * pt * (log_pt - log_ps - sum_b) : C(0);
+  } else if (kind == kRevKl) {
+    *ds = ps > 0 ? g_t * ps * (log_ps - log_pt - sum_a) : C(0);
+    *dt = g_t * (pt - ps);
+  } else {
+    C term, a, b;
+    class_terms(kind, log_ps, log_pt, m, &term, &a, &b);
+    *ds = g_t * (a - ps * sum_a);
+    *dt = g_t * (b - pt * sum_b);
+  }
+}
 
 }  // namespace distill

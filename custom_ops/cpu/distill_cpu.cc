@@ -33,11 +33,14 @@ int run(int op, int nparam, void **params, int *ndims, int64_t **shapes, const c
   j.dtype = parse_dtype(dtypes[0]);
   if (j.dtype < 0) return 1;
   const double *hyper = static_cast<const double *>(params[2]);
+  // (temperature, beta, divergence code, alpha, soft cap (0: none), logit scale)
   const double temperature = hyper[0], beta = hyper[1];
   j.inv_t = static_cast<float>(1.0 / temperature);
   j.t = static_cast<float>(temperature);
   j.t_sq = static_cast<float>(temperature * temperature);
-  j.kind = distill::kind_of(beta);
+  j.kind = distill::kind_of(beta, hyper[2]);
+  j.mix = distill::mix_of<float>(j.kind, beta, hyper[3]);
+  j.f = distill::transform_of(hyper[5], hyper[4]);
   j.beta = static_cast<float>(beta);
   j.log_beta = j.kind == 2 ? static_cast<float>(log(beta)) : 0.0f;
   j.log_1m_beta = j.kind == 2 ? static_cast<float>(log1p(-beta)) : 0.0f;

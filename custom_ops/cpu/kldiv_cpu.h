@@ -52,8 +52,10 @@ struct DistillJob {
   int dtype;              // DType (not kF64)
   int64_t rows, vocab;
   float inv_t, t, t_sq;   // 1/T, T, T^2
-  int kind;               // distill::kind_of(beta)
+  int kind;               // distill::kind_of(beta, divergence code)
   float beta, log_beta, log_1m_beta;
+  distill::Mix<float> mix;     // class_terms' constants
+  distill::Transform f;        // soft cap / scale of both models' logits
   const void* s;
   const void* t_logits;
   float* stats;           // forward output / backward input, [rows, distill::kStats]

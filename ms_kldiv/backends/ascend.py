@@ -26,7 +26,7 @@ import os
 import mindspore as ms
 from mindspore import nn, ops
 
-from .. import _math
+from .. import _distill_math, _math
 from .._distill_math import STATS as DISTILL_STATS
 from . import distill, register
 from .base import Backend
@@ -365,10 +365,16 @@ class AscendCDistillKernels:
       rows with dloss == 0 get exact zeros; d_teacher is a one-element placeholder when teacher_grad is False.
     """
 
-    def forward(self, temperature, beta):
+    def unsupported(self, variant):
+        """Why the AscendC operators cannot compute ``variant`` (None: they can)."""
+        if variant != _distill_math.KL:
+            return "the AscendC operators compute the 'kl' family without a logits transform only"
+        return None
+
+    def forward(self, temperature, beta, variant=None):
         return _DistillKernelForward(temperature, beta)
 
-    def backward(self, temperature, beta, teacher_grad):
+    def backward(self, temperature, beta, teacher_grad, variant=None):
         return _DistillKernelBackward(temperature, beta, teacher_grad)
 
 

@@ -11,7 +11,7 @@ distillation: the kernel contract (``ms_kldiv.backends.base``) computed with the
 import mindspore as ms
 from mindspore import nn, ops
 
-from .._distill_math import STATS, row_grads, row_losses
+from .._distill_math import KL, STATS, row_grads, row_losses
 from .._sparse_math import row_stats as sparse_row_stats, student_grad as sparse_student_grad
 from . import register
 from .base import Backend
@@ -33,21 +33,22 @@ def composite_op(reduction, log_target, acc_dtype=None):
 
 
 class _DistillForward(nn.Cell):
-    def __init__(self, temperature, beta, acc_dtype):
+    def __init__(self, temperature, beta, acc_dtype, variant=KL):
         super().__init__()
-        self.temperature, self.beta, self.acc_dtype = temperature, beta, acc_dtype
+        self.temperature, self.beta, self.acc_dtype, self.variant = temperature, beta, acc_dtype, variant
         # stats = the row loss in column 0; the other columns are not read by this backward
         self.first_column = ms.Tensor([1.0] + [0.0] * (STATS - 1), ms.float32)
 
     def construct(self, s, t):
-        loss = row_losses(ops.cast(s, self.acc_dtype), ops.cast(t, self.acc_dtype), self.temperature, self.beta)
+        loss = row_losses(ops.cast(s, self.acc_dtype), ops.cast(t, self.acc_dtype), self.temperature, self.beta,
+                          self.variant)
         return ops.expand_dims(ops.cast(loss, ms.float32), -1) * self.first_column
 
 
 class _DistillBackward(nn.Cell):
-    def __init__(self, temperature, beta, acc_dtype, student=True, teacher=True):
+    def __init__(self, temperature, beta, acc_dtype, student=True, teacher=True, variant=KL):
         super().__init__()
-        self.temperature, self.beta, self.acc_dtype = temperature, beta, acc_dtype
+        self.temperature, self.beta, self.acc_dtype, self.variant = temperature, beta, acc_dtype, variant
         self.student, self.teacher = student, teacher
 
     def _scaled(self, d, g, like):
@@ -56,7 +57,7 @@ class _DistillBackward(nn.Cell):
 
     def construct(self, s, t, stats, dloss):
         ds, dt = row_grads(ops.cast(s, self.acc_dtype), ops.cast(t, self.acc_dtype), self.temperature, self.beta,
-                           self.teacher)
+                           self.teacher, variant=self.variant)
         g = ops.expand_dims(dloss, -1)
         if not self.student:
             return self._scaled(dt, g, t)
@@ -75,14 +76,17 @@ class CompositeDistillKernels:
     def __init__(self, device):
         self.device = device
 
-    def forward(self, temperature, beta):
-        return _DistillForward(temperature, beta, _acc_dtype(self.device))
+    def unsupported(self, variant):  # every divergence and transform
+        return None
 
-    def backward(self, temperature, beta, teacher_grad):
-        return _DistillBackward(temperature, beta, _acc_dtype(self.device), teacher=teacher_grad)
+    def forward(self, temperature, beta, variant=KL):
+        return _DistillForward(temperature, beta, _acc_dtype(self.device), variant)
 
-    def backward_teacher(self, temperature, beta):
-        return _DistillBackward(temperature, beta, _acc_dtype(self.device), student=False)
+    def backward(self, temperature, beta, teacher_grad, variant=KL):
+        return _DistillBackward(temperature, beta, _acc_dtype(self.device), teacher=teacher_grad, variant=variant)
+
+    def backward_teacher(self, temperature, beta, variant=KL):
+        return _DistillBackward(temperature, beta, _acc_dtype(self.device), student=False, variant=variant)
 
 
 class _SparseForward(nn.Cell):

@@ -11,7 +11,7 @@ the reduction (O(rows) work). Second order goes through plain MindSpore ops: the
 import mindspore as ms
 from mindspore import nn, ops
 
-from .._distill_math import row_grads
+from .._distill_math import KL, hyper, row_grads
 from .common import custom_reg_info
 
 
@@ -31,12 +31,13 @@ class _DistillGradPairing(nn.Cell):
     differentiating it gives the backward kernel's own gradient, with the saved stats taken as the functions of the
     logits they are."""
 
-    def __init__(self, temperature, beta, student=True, teacher=True):
+    def __init__(self, temperature, beta, student=True, teacher=True, variant=KL):
         super().__init__()
         self.temperature = temperature
         self.beta = beta
         self.student = student
         self.teacher = teacher
+        self.variant = variant
 
     def construct(self, student, teacher, g, cs, ct):
         f32 = ms.float32
@@ -44,7 +45,8 @@ class _DistillGradPairing(nn.Cell):
         s2 = ops.reshape(ops.cast(student, f32), (-1, vocab))
         t2 = ops.reshape(ops.cast(teacher, f32), (-1, vocab))
         w = ops.reshape(ops.cast(g, f32), (-1, 1))
-        ds, dt = row_grads(s2, t2, self.temperature, self.beta, self.teacher, differentiable=True)
+        ds, dt = row_grads(s2, t2, self.temperature, self.beta, self.teacher, differentiable=True,
+                           variant=self.variant)
         total = ops.zeros((), f32)
         if self.student:
             total = total + (ops.reshape(ops.cast(cs, f32), (-1, vocab)) * w * ds).sum()
@@ -72,15 +74,17 @@ class _DistillGradCore(nn.Cell):
     per gradient, so that an unused one is dropped). The stats input gets a zero gradient: its dependence on the
     logits is inside the pairing's derivative."""
 
-    def __init__(self, kernels, temperature, beta, student=True, teacher=True):
+    def __init__(self, kernels, temperature, beta, student=True, teacher=True, variant=KL):
         super().__init__()
         # Picked here, not by a Python branch in construct/bprop: that breaks grad-of-jit in a Cell with a bprop.
         if student:
-            self.kernel, self.output = kernels.backward(temperature, beta, teacher), _identity if teacher else _first
+            self.kernel = kernels.backward(temperature, beta, teacher, variant)
+            self.output = _identity if teacher else _first
         else:
-            self.kernel, self.output = kernels.backward_teacher(temperature, beta), _identity
+            self.kernel, self.output = kernels.backward_teacher(temperature, beta, variant), _identity
         self.cotangents = _identity if student and teacher else _twice
-        self.pairing_grad = ops.GradOperation(get_all=True)(_DistillGradPairing(temperature, beta, student, teacher))
+        self.pairing_grad = ops.GradOperation(get_all=True)(
+            _DistillGradPairing(temperature, beta, student, teacher, variant))
 
     def construct(self, student, teacher, stats, dloss):
         return self.output(self.kernel(student, teacher, stats, dloss))
@@ -95,13 +99,14 @@ class _DistillStatsCore(nn.Cell):
     """The forward kernel (its output: the stats) with the backward kernel as its gradient. Only the loss column
     of the stats carries a gradient; the other columns are saved values."""
 
-    def __init__(self, kernels, temperature, beta, teacher_grad):
+    def __init__(self, kernels, temperature, beta, teacher_grad, variant=KL):
         super().__init__()
-        self.kernel = kernels.forward(temperature, beta)
+        self.kernel = kernels.forward(temperature, beta, variant)
         if teacher_grad:
-            self.grad, self.split = _DistillGradCore(kernels, temperature, beta), _both_grads
+            self.grad, self.split = _DistillGradCore(kernels, temperature, beta, variant=variant), _both_grads
         else:
-            self.grad, self.split = _DistillGradCore(kernels, temperature, beta, teacher=False), _student_grad_only
+            self.grad = _DistillGradCore(kernels, temperature, beta, teacher=False, variant=variant)
+            self.split = _student_grad_only
 
     def construct(self, student, teacher):
         return self.kernel(student, teacher)
@@ -115,11 +120,11 @@ class _DistillStatsCoreSplit(nn.Cell):
     """As _DistillStatsCore, for compiled code: each gradient from its own kernel, so that graph mode drops the one
     nobody uses (a frozen teacher costs no teacher work) at the price of a second read when both are used."""
 
-    def __init__(self, kernels, temperature, beta):
+    def __init__(self, kernels, temperature, beta, variant=KL):
         super().__init__()
-        self.kernel = kernels.forward(temperature, beta)
-        self.grad_student = _DistillGradCore(kernels, temperature, beta, teacher=False)
-        self.grad_teacher = _DistillGradCore(kernels, temperature, beta, student=False)
+        self.kernel = kernels.forward(temperature, beta, variant)
+        self.grad_student = _DistillGradCore(kernels, temperature, beta, teacher=False, variant=variant)
+        self.grad_teacher = _DistillGradCore(kernels, temperature, beta, student=False, variant=variant)
 
     def construct(self, student, teacher):
         return self.kernel(student, teacher)
@@ -138,23 +143,24 @@ class _DistillRows(nn.Cell):
         return self.core(student, teacher)[..., 0]
 
 
-def rows_op(kernels, temperature=1.0, beta=0.0, teacher_grad=True, split=False):
+def rows_op(kernels, temperature=1.0, beta=0.0, teacher_grad=True, split=False, variant=KL):
     """Cell (student, teacher) -> float32 per-row loss [...] on ``kernels``, differentiable for both logits (one
     backward launch writes both gradients; with ``teacher_grad=False`` the teacher gets zeros and the kernels do
-    no teacher work). ``split`` (compiled code, kernels with ``backward_teacher``): one kernel per gradient."""
+    no teacher work). ``split`` (compiled code, kernels with ``backward_teacher``): one kernel per gradient.
+    ``variant``: the divergence and the logits' transform (``ms_kldiv._distill_math.Variant``)."""
     if split and hasattr(kernels, "backward_teacher"):
-        return _DistillRows(_DistillStatsCoreSplit(kernels, temperature, beta))
-    return _DistillRows(_DistillStatsCore(kernels, temperature, beta, teacher_grad))
+        return _DistillRows(_DistillStatsCoreSplit(kernels, temperature, beta, variant))
+    return _DistillRows(_DistillStatsCore(kernels, temperature, beta, teacher_grad, variant))
 
 
 # ----------------------------------------------------------------------------------- compiled libraries
 class _AotKernel(nn.Cell):
-    """One exported symbol of a kernel library (custom_ops/common/distill_abi.h) with (temperature, beta) bound as
-    a float64 constant input."""
+    """One exported symbol of a kernel library (custom_ops/common/distill_abi.h) with (temperature, beta, divergence
+    code, alpha, soft cap, logit scale) bound as a float64 constant input."""
 
-    def __init__(self, kernels, name, inputs, outputs, out_dtype, temperature, beta):
+    def __init__(self, kernels, name, inputs, outputs, out_dtype, temperature, beta, variant=KL):
         super().__init__()
-        self.hyper = ms.Tensor([float(temperature), float(beta)], ms.float64)
+        self.hyper = ms.Tensor(hyper(temperature, beta, variant), ms.float64)
         # out_shape None: the library's C++ <name>InferShape, which dynamic row counts (set_inputs) need
         self.op = ops.Custom(f"{kernels.lib_path}:{name}", out_shape=None, out_dtype=out_dtype, func_type="aot",
                              reg_info=custom_reg_info(name, kernels.target, inputs, outputs))
@@ -168,10 +174,10 @@ def _stats_dtype(*_):
 
 
 class _AotBackwardStudent(nn.Cell):
-    def __init__(self, kernels, temperature, beta):
+    def __init__(self, kernels, temperature, beta, variant=KL):
         super().__init__()
         self.kernel = _AotKernel(kernels, "DistillBwdStudent", ("s", "t", "hyper", "stats", "dloss"), ("ds",),
-                                 lambda s, *_: s, temperature, beta)
+                                 lambda s, *_: s, temperature, beta, variant)
 
     def construct(self, s, t, stats, dloss):
         return self.kernel(s, t, stats, dloss), ops.zeros((1,), s.dtype)
@@ -187,15 +193,22 @@ class AotDistillKernels:
         self.lib_path = lib_path
         self.target = target
 
-    def forward(self, temperature, beta):
-        return _AotKernel(self, "DistillFwd", ("s", "t", "hyper"), ("stats",), _stats_dtype, temperature, beta)
+    def unsupported(self, variant):
+        """Why these kernels cannot compute ``variant`` (None: they can)."""
+        if self.target != "CPU" and variant != KL:
+            return "the CUDA library computes the 'kl' family without a logits transform only"
+        return None
 
-    def backward(self, temperature, beta, teacher_grad):
+    def forward(self, temperature, beta, variant=KL):
+        return _AotKernel(self, "DistillFwd", ("s", "t", "hyper"), ("stats",), _stats_dtype, temperature, beta,
+                          variant)
+
+    def backward(self, temperature, beta, teacher_grad, variant=KL):
         if not teacher_grad:
-            return _AotBackwardStudent(self, temperature, beta)
+            return _AotBackwardStudent(self, temperature, beta, variant)
         return _AotKernel(self, "DistillBwd", ("s", "t", "hyper", "stats", "dloss"), ("ds", "dt"),
-                          lambda s, t, *_: (s, t), temperature, beta)
+                          lambda s, t, *_: (s, t), temperature, beta, variant)
 
-    def backward_teacher(self, temperature, beta):
+    def backward_teacher(self, temperature, beta, variant=KL):
         return _AotKernel(self, "DistillBwdTeacher", ("s", "t", "hyper", "stats", "dloss"), ("dt",),
-                          lambda s, t, *_: t, temperature, beta)
+                          lambda s, t, *_: t, temperature, beta, variant)
