@@ -1,8 +1,9 @@
-"""Helpers shared by the Ascend test files (test_ascend_kldiv/distill.py, test_ascend_tiling_kldiv/distill.py).
+"""Helpers shared by the Ascend test files (test_ascend_kldiv/distill/sparse.py, test_ascend_tiling_kldiv/distill.py).
 
 Importing this module puts tests/ascend on sys.path, so the CPU stand-ins there import as top-level modules:
     ``model``        kldiv_tile_model: the KLDiv tiling through ctypes, the NumPy replay, the kernels on the stand-in;
-    ``distill_sim``  the distillation kernels and their tiling on the stand-in.
+    ``distill_sim``  the distillation kernels and their tiling on the stand-in;
+    ``sparse_sim``   the stored-teacher kernels and their tiling on the stand-in.
 
 Tiling
     ``needs_compiler``: skip mark for tests that build the tiling or the stand-in with g++ (or $CXX).
@@ -32,6 +33,7 @@ from conftest import graph_mode
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ascend"))
 import distill_sim  # noqa: E402,F401 - for the test files
+import sparse_sim  # noqa: E402,F401 - for the test files
 import kldiv_tile_model as model  # noqa: E402
 
 backends = sys.modules["ms_kldiv.backends"]  # the registry module (ms_kldiv.backends is also a function)

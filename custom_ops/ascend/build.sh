@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Builds the installable CANN custom-op package (custom_opp_<os>_<arch>.run) for KlDivCustom, KlDivCustomGrad,
-# DistillCustom and DistillCustomGrad, vendor "ms_kldiv".
+# DistillCustom, DistillCustomGrad, SparseDistillCustom and SparseDistillCustomGrad, vendor "ms_kldiv".
 #
 #   source /usr/local/Ascend/ascend-toolkit/set_env.sh        # CANN >= 8.0 (toolkit), see docs/ascend.md
 #   bash custom_ops/ascend/build.sh [--soc ascend910b] [--build-dir DIR] [--install [--install-path DIR]]
 #
 # The CMake plumbing of a CANN operator project (cmake/*.cmake, scripts/, the packaging of the .run file)
-# belongs to the toolkit: msopgen generates it from kl_div_custom.json + distill_custom.json, and this script puts our
-# op_host/ and op_kernel/ sources in place of the generated stubs and runs the project's own build.
+# belongs to the toolkit: msopgen generates it from kl_div_custom.json + distill_custom.json +
+# sparse_distill_custom.json, and this script puts our op_host/ and op_kernel/ sources in place of the generated
+# stubs and runs the project's own build.
 # Nothing is written into the source tree; the default build directory is ./build_ascend_opp.
 set -euo pipefail
 
@@ -39,8 +40,9 @@ fi
 PROJECT="${BUILD_DIR}/KlDivCustom"
 rm -rf "${PROJECT}"
 mkdir -p "${BUILD_DIR}"
-# One project for all four operators: msopgen takes one description, so the two are concatenated.
-python3 - "${HERE}/kl_div_custom.json" "${HERE}/distill_custom.json" "${BUILD_DIR}/ms_kldiv_ops.json" <<'PY'
+# One project for all six operators: msopgen takes one description, so the three are concatenated.
+python3 - "${HERE}/kl_div_custom.json" "${HERE}/distill_custom.json" "${HERE}/sparse_distill_custom.json" \
+  "${BUILD_DIR}/ms_kldiv_ops.json" <<'PY'
 import json, sys
 ops = []
 for path in sys.argv[1:-1]:

@@ -11,6 +11,11 @@ this layer broadcasts first (MindSpore's BroadcastTo gradient then sums each gra
 shape), sends float64 and empty tensors to the composite backend (the vector units have no float64), and
 supplies the second-order gradient in plain ops.
 
+The same package's DistillCustom/DistillCustomGrad (distillation from logits) and SparseDistillCustom/
+SparseDistillCustomGrad (from a stored teacher's ids and values) serve 'distillation' and 'sparse_distillation';
+each op is available once the installed package registers its operators (``distill_ops_installed``,
+``sparse_ops_installed``): a package built before them runs the op elsewhere, with the reason in ``backend_info``.
+
 'native' (preference 50) takes the value from MindSpore's ``KLDiv`` primitive (aclnnKlDiv, the kernel behind
 ``mint.nn.functional.kl_div``) and supplies both gradients itself: MindSpore's own bprop returns zero for the
 target. aclnn follows PyTorch where the SPEC does not (NaN for negative targets, NaN for t = 0 with
@@ -25,16 +30,18 @@ import os
 
 import mindspore as ms
 from mindspore import nn, ops
+from mindspore.ops import constexpr
 
 from .. import _distill_math, _math
 from .._distill_math import STATS as DISTILL_STATS
 from . import distill, register
 from .base import Backend
 from .common import KLDivWrapper, PointwiseCore, custom_reg_info
-from .composite import composite_op
+from .composite import CompositeSparseKernels, composite_op
 
 __all__ = ["AscendAotBackend", "AscendNativeBackend", "find_custom_opp", "AscendCKernels", "NativeKernel",
-           "aot_op", "native_op", "AscendCDistillKernels", "distill_rows_op", "distill_ops_installed"]
+           "aot_op", "native_op", "AscendCDistillKernels", "distill_rows_op", "distill_ops_installed",
+           "AscendCSparseKernels", "sparse_ops_installed"]
 
 OP_NAME = "KlDivCustom"
 GRAD_OP_NAME = "KlDivCustomGrad"
@@ -392,12 +399,129 @@ def distill_rows_op(temperature=1.0, beta=0.0, teacher_grad=True, kernels=None):
     return distill.rows_op(kernels or AscendCDistillKernels(), temperature, beta, teacher_grad)
 
 
+# ------------------------------------------------------------ stored-teacher distillation (SparseDistillCustom)
+SPARSE_OP_NAME = "SparseDistillCustom"
+SPARSE_GRAD_OP_NAME = "SparseDistillCustomGrad"
+#: The most teacher ids per row the kernels take (custom_ops/ascend/op_kernel/sparse_tiling_plan.h kMaxIds): the
+#: id lanes live in the unified buffer next to the vocabulary tiles. More go to the composite kernels.
+SPARSE_MAX_IDS = 4000
+
+
+def sparse_ops_installed():
+    """True if the installed vendor package (see ``find_custom_opp``) also registers the stored-teacher operators
+    (packages built before they existed do not)."""
+    found, _ = find_custom_opp()
+    return found is not None and _registers(found, SPARSE_OP_NAME, SPARSE_GRAD_OP_NAME)
+
+
+def _sparse_reg_info(name, inputs, outputs, kinds):
+    """reg_info with per-position dtypes, ``kinds`` one letter a position: 'io' the logits' dtype (float32, float16,
+    bfloat16), 'i' int32, 'f' float32."""
+    from mindspore.ops import DataType
+    fixed = {"i": DataType.I32_Default, "f": DataType.F32_Default}
+    formats = tuple(tuple(io if kind == "io" else fixed[kind] for kind in kinds)
+                    for io in (DataType.F32_Default, DataType.F16_Default, DataType.BF16_Default))
+    return custom_reg_info(name, "Ascend", inputs, outputs, formats=formats, required=True,
+                           attrs=(("temperature", "float"), ("ratio", "float"), ("beta", "float"), ("tail", "bool")))
+
+
+def _sparse_fallback_fn(s_shape, ids_shape):
+    """True where the AscendC kernels are not launched: no rows (known at compile time) or more than SPARSE_MAX_IDS
+    ids a row. Unknown dims (None or negative) launch them."""
+    rows = 1
+    for d in tuple(s_shape)[:-1]:
+        if d is None or d < 0:
+            rows = None
+            break
+        rows *= d
+    k = tuple(ids_shape)[-1] if len(ids_shape) else None
+    return rows == 0 or (k is not None and k > SPARSE_MAX_IDS)
+
+
+_sparse_fallback = constexpr(_sparse_fallback_fn, check=False)
+
+
+class _SparseKernelForward(nn.Cell):
+    """SparseDistillCustom with its attributes bound: (s, ids int32, values float32) -> float32 stats [..., 8].
+    No rows, or more ids a row than the kernels hold, take ``fallback`` (the composite kernels' forward; the
+    backward makes the same choice from the same shapes, so it gets the stats it expects)."""
+
+    def __init__(self, hyper, fallback):
+        super().__init__()
+        temperature, ratio, beta, tail = hyper
+        self.temperature = float(temperature)
+        self.ratio = float(ratio)
+        self.beta = float(beta)
+        self.tail = bool(tail)
+        self.fallback = fallback
+        self.op = ops.Custom(SPARSE_OP_NAME, out_shape=_stats_shape, out_dtype=_stats_dtype, func_type="aot",
+                             reg_info=_sparse_reg_info(SPARSE_OP_NAME, ("student", "ids", "values"), ("stats",),
+                                                       ("io", "i", "f", "f")))
+
+    def construct(self, s, ids, values):
+        if _sparse_fallback(ops.shape(s), ops.shape(ids)):
+            return self.fallback(s, ids, values)
+        return self.op(s, ids, values, self.temperature, self.ratio, self.beta, self.tail)
+
+
+class _SparseKernelBackward(nn.Cell):
+    """SparseDistillCustomGrad: (s, ids, values, stats, dloss) -> d_student (the logits' shape and dtype)."""
+
+    def __init__(self, hyper, fallback):
+        super().__init__()
+        temperature, ratio, beta, tail = hyper
+        self.temperature = float(temperature)
+        self.ratio = float(ratio)
+        self.beta = float(beta)
+        self.tail = bool(tail)
+        self.fallback = fallback
+        self.op = ops.Custom(SPARSE_GRAD_OP_NAME, out_shape=_first_dtype, out_dtype=_first_dtype, func_type="aot",
+                             reg_info=_sparse_reg_info(SPARSE_GRAD_OP_NAME,
+                                                       ("student", "ids", "values", "stats", "dloss"),
+                                                       ("d_student",), ("io", "i", "f", "f", "f", "io")))
+
+    def construct(self, s, ids, values, stats, dloss):
+        if _sparse_fallback(ops.shape(s), ops.shape(ids)):
+            return self.fallback(s, ids, values, stats, dloss)
+        return self.op(s, ids, values, stats, dloss, self.temperature, self.ratio, self.beta, self.tail)
+
+
+class AscendCSparseKernels:
+    """Factory of the two stored-teacher kernel Cells (contract: ``ms_kldiv.backends.base``, 'sparse_distillation');
+    the CPU tests substitute one whose Cells run the kernel sources on the AscendC stand-in
+    (tests/ascend/sparse_sim.py).
+
+    Contract (student logits [..., V] in float32, float16 or bfloat16, V >= 1; ids int32 [..., K], negative:
+    padding; values float32 [..., K]; one leading shape):
+      forward(temperature, ratio, beta, tail)(s, ids, values) -> float32 stats [..., 8] (sparse::Stat of
+      custom_ops/common/sparse_math.h); stats[..., 0] is each row's loss, NaN for a row with an id >= V, a repeated
+      id or no teacher distribution;
+      backward(temperature, ratio, beta, tail)(s, ids, values, stats, dloss) -> d_student, dloss float32 [...];
+      rows with dloss == 0 get exact zeros.
+    float64 logits are not in ``dtypes`` (no float64 on the vector units): the caller takes the composite kernels.
+    No rows, or more than SPARSE_MAX_IDS ids a row, run the composite kernels inside the Cells.
+    """
+
+    dtypes = (ms.float16, ms.bfloat16, ms.float32)
+
+    def __init__(self, fallback=None):
+        self.fallback = fallback or CompositeSparseKernels("Ascend")
+
+    def forward(self, temperature, ratio, beta, tail):
+        hyper = (temperature, ratio, beta, tail)
+        return _SparseKernelForward(hyper, self.fallback.forward(*hyper))
+
+    def backward(self, temperature, ratio, beta, tail):
+        hyper = (temperature, ratio, beta, tail)
+        return _SparseKernelBackward(hyper, self.fallback.backward(*hyper))
+
+
 # ------------------------------------------------------------------------------------------- backends
 class AscendAotBackend(Backend):
     name = "aot"
     description = "AscendC operators KlDivCustom/KlDivCustomGrad (custom_ops/ascend), fused forward and backward"
     preference = {"Ascend": 100}
-    ops = ("kl_div", "distillation")
+    ops = ("kl_div", "distillation", "sparse_distillation")
 
     def unavailable_reason(self, device, op="kl_div"):
         reason = super().unavailable_reason(device, op)
@@ -412,6 +536,9 @@ class AscendAotBackend(Backend):
         if op == "distillation" and not distill_ops_installed():
             return (f"the installed AscendC package ({found}) predates the distillation operators "
                     f"({DISTILL_OP_NAME}, {DISTILL_GRAD_OP_NAME}); rebuild it with custom_ops/ascend/build.sh --install")
+        if op == "sparse_distillation" and not sparse_ops_installed():
+            return (f"the installed AscendC package ({found}) predates the stored-teacher operators "
+                    f"({SPARSE_OP_NAME}, {SPARSE_GRAD_OP_NAME}); rebuild it with custom_ops/ascend/build.sh --install")
         return None
 
     def make_op(self, reduction, log_target):
@@ -419,6 +546,9 @@ class AscendAotBackend(Backend):
 
     def distill_kernels(self, device):
         return AscendCDistillKernels()
+
+    def sparse_kernels(self, device):
+        return AscendCSparseKernels()
 
 
 class AscendNativeBackend(Backend):
