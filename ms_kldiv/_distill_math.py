@@ -195,15 +195,38 @@ def row_grads(student, teacher, temperature, beta, want_teacher, differentiable=
     return d_student, d_teacher
 
 
-def cross_entropy_and_grad(logits, labels, keep):
-    """(sum over kept rows of -log softmax(logits)[label], its gradient): the hard-label term. Rows not kept
+def cross_entropy_and_grad(logits, labels, keep, weights=None, z_loss=0.0, label_smoothing=0.0):
+    """(sum over kept rows of their weight times the hard-label loss, its gradient). The loss of a row is
+
+        (1 - eps) (-log p[label]) + eps * mean over the classes with a finite logit of (-log p_j)  +  z lse^2
+
+    (eps = ``label_smoothing``, PyTorch's and Liger's label smoothing, the uniform part over the classes a padded
+    vocabulary really has; z = ``z_loss``, PaLM's and Liger's penalty on the log-normalizer). Rows not kept
     contribute exact zeros, whatever their logits hold; a kept row whose label is outside [0, V) makes the loss and
     its gradient NaN (compiled code cannot raise; a silently wrong mean would be worse)."""
     log_p = ops.log_softmax(logits, -1)
     vocab = logits.shape[-1]
     keep2 = ops.expand_dims(keep, 1)
+    w = ops.cast(keep, logits.dtype) if weights is None else ops.where(keep, weights, 0.0)
+    w2 = ops.expand_dims(w, 1)
     hit = ops.logical_and(keep2, ops.arange(vocab, dtype=labels.dtype) == ops.expand_dims(labels, 1))
     outside = ops.logical_and(keep, ops.logical_or(labels < 0, labels >= vocab))
-    loss = ops.sum(ops.where(outside, float("nan"), 0.0)) - ops.sum(ops.where(hit, log_p, 0.0))
-    grad = ops.where(keep2, ops.exp(log_p) - ops.cast(hit, logits.dtype), 0.0)
+    p = ops.exp(log_p)
+    target = ops.cast(hit, logits.dtype)
+    row_loss = -ops.sum(ops.where(hit, log_p, 0.0), -1)
+    if label_smoothing:
+        eps = ops.cast(_f64(label_smoothing), logits.dtype)
+        finite = log_p > float("-inf")
+        classes = ops.sum(ops.cast(finite, logits.dtype), -1, keepdim=True)
+        uniform = ops.cast(finite, logits.dtype) / classes
+        target = (1.0 - eps) * target + eps * uniform
+        row_loss = (1.0 - eps) * row_loss - eps * ops.sum(ops.where(finite, log_p, 0.0) * uniform, -1)
+    grad = p - target
+    if z_loss:
+        z = ops.cast(_f64(z_loss), logits.dtype)
+        lse = ops.logsumexp(ops.where(keep2, logits, 0.0), -1)
+        row_loss = row_loss + z * lse * lse
+        grad = grad + 2.0 * z * ops.expand_dims(lse, 1) * p
+    loss = ops.sum(ops.where(outside, float("nan"), 0.0)) + ops.sum(ops.where(keep, row_loss * w, 0.0))
+    grad = ops.where(keep2, grad * w2, 0.0)
     return loss, ops.where(ops.expand_dims(outside, 1), float("nan"), grad)

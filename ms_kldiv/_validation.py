@@ -12,6 +12,7 @@ from mindspore.ops import constexpr
 
 import numpy as np
 
+from ._distill_math import DIVERGENCES, Variant
 from .reference import REDUCTIONS, SPARSE_MODES
 
 FLOAT_DTYPES = (ms.float16, ms.bfloat16, ms.float32, ms.float64)
@@ -291,3 +292,31 @@ def check_weights_data(weights, name):
     if values.size and not (np.all(np.isfinite(values)) and values.min() >= 0):
         raise ValueError(f"For '{name}', 'weights' must be finite and >= 0, but got values in "
                          f"[{values.min()}, {values.max()}].")
+
+
+# --------------------------------------------------------------------------------- divergences and transforms
+#: alpha when not given: DistiLLM's skew 0.1; torchtune's sym_kd_ratio 0.5.
+_DEFAULT_ALPHA = {"skew_kl": 0.1, "skew_rkl": 0.1, "symmetric_kl": 0.5}
+
+
+def check_variant(divergence, alpha, softcap, logit_scale, beta, name):
+    """The checked ``Variant`` of these options (``ms_kldiv._distill_math``)."""
+    if not isinstance(divergence, str):
+        raise TypeError(f"For '{name}', 'divergence' must be a str, but got {type(divergence).__name__}.")
+    if divergence not in DIVERGENCES:
+        raise ValueError(f"For '{name}', 'divergence' must be one of {list(DIVERGENCES)}, but got {divergence!r}.")
+    if divergence != "kl" and beta != 0:
+        raise ValueError(f"For '{name}', 'beta' selects within divergence='kl' (forward, reverse, JSD); with "
+                         f"divergence={divergence!r} it must stay 0, but got {beta!r}.")
+    if alpha is not None and divergence not in _DEFAULT_ALPHA:
+        raise ValueError(f"For '{name}', 'alpha' is the parameter of 'skew_kl', 'skew_rkl' and 'symmetric_kl'; "
+                         f"divergence={divergence!r} takes none (got alpha={alpha!r}).")
+    if alpha is None:
+        alpha = _DEFAULT_ALPHA.get(divergence, 0.0)
+    check_number(alpha, "alpha", name, 0.0, 1.0)
+    if divergence in ("skew_kl", "skew_rkl") and alpha == 1:
+        raise ValueError(f"For '{name}', 'alpha' of {divergence!r} must be < 1 (1 compares a model with itself).")
+    if softcap is not None:
+        check_number(softcap, "softcap", name, 0.0, math.inf, low_open=True)
+    check_number(logit_scale, "logit_scale", name, 0.0, math.inf, low_open=True)
+    return Variant(divergence, float(alpha), float(softcap or 0.0), float(logit_scale))

@@ -13,7 +13,7 @@ from mindspore import nn, ops
 from mindspore.ops import constexpr
 
 from . import _validation
-from ._distill_math import DIVERGENCES, KL, Variant, _pairwise, constants, log_mixture, log_softmax_plain, transformed
+from ._distill_math import KL, _pairwise, constants, log_mixture, log_softmax_plain, transformed
 from .backends import _device_target_const, _warn_once, check_name_const, compiled, distill, get_distill_kernels
 from .functional import kl_div
 from .reference import DISTILL_REDUCTIONS
@@ -36,33 +36,6 @@ def _const(value, like):
     before it meets a float64 tensor (``x + math.log(0.1)`` is off by 3e-8), and graph mode holds float
     constants as float32; a constexpr builds the tensor in Python, at full precision, in both modes."""
     return ops.cast(_f64(value), like.dtype)
-
-
-#: alpha when not given: DistiLLM's skew 0.1; torchtune's sym_kd_ratio 0.5.
-_DEFAULT_ALPHA = {"skew_kl": 0.1, "skew_rkl": 0.1, "symmetric_kl": 0.5}
-
-
-def variant_of(divergence, alpha, softcap, logit_scale, beta, name):
-    """The checked ``Variant`` of these options (``ms_kldiv._distill_math``)."""
-    if not isinstance(divergence, str):
-        raise TypeError(f"For '{name}', 'divergence' must be a str, but got {type(divergence).__name__}.")
-    if divergence not in DIVERGENCES:
-        raise ValueError(f"For '{name}', 'divergence' must be one of {list(DIVERGENCES)}, but got {divergence!r}.")
-    if divergence != "kl" and beta != 0:
-        raise ValueError(f"For '{name}', 'beta' selects within divergence='kl' (forward, reverse, JSD); with "
-                         f"divergence={divergence!r} it must stay 0, but got {beta!r}.")
-    if alpha is not None and divergence not in _DEFAULT_ALPHA:
-        raise ValueError(f"For '{name}', 'alpha' is the parameter of 'skew_kl', 'skew_rkl' and 'symmetric_kl'; "
-                         f"divergence={divergence!r} takes none (got alpha={alpha!r}).")
-    if alpha is None:
-        alpha = _DEFAULT_ALPHA.get(divergence, 0.0)
-    _validation.check_number(alpha, "alpha", name, 0.0, 1.0)
-    if divergence in ("skew_kl", "skew_rkl") and alpha == 1:
-        raise ValueError(f"For '{name}', 'alpha' of {divergence!r} must be < 1 (1 compares a model with itself).")
-    if softcap is not None:
-        _validation.check_number(softcap, "softcap", name, 0.0, float("inf"), low_open=True)
-    _validation.check_number(logit_scale, "logit_scale", name, 0.0, float("inf"), low_open=True)
-    return Variant(divergence, float(alpha), float(softcap or 0.0), float(logit_scale))
 
 
 def _check_options(temperature, reduction, beta, ignore_index, backend, name):
@@ -481,7 +454,7 @@ def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction
         >>> print(loss.shape, loss.dtype, f"{float(loss):.4f}")
         () Float32 0.2660
     """
-    variant = variant_of(divergence, alpha, softcap, logit_scale, beta, _NAME)
+    variant = _validation.check_variant(divergence, alpha, softcap, logit_scale, beta, _NAME)
     dtype = _check_args(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend,
                         _NAME, weights)
     if weights is not None and not compiled(weights):
@@ -527,7 +500,7 @@ class DistillationLoss(nn.Cell):
                  divergence="kl", alpha=None, softcap=None, logit_scale=1.0):
         super().__init__()
         _check_options(temperature, reduction, beta, ignore_index, backend, "DistillationLoss")
-        self.variant = variant_of(divergence, alpha, softcap, logit_scale, beta, "DistillationLoss")
+        self.variant = _validation.check_variant(divergence, alpha, softcap, logit_scale, beta, "DistillationLoss")
         self.temperature = float(temperature)
         self.reduction = reduction
         self.beta = float(beta)

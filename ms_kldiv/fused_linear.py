@@ -26,7 +26,7 @@ from mindspore import Tensor, nn, ops
 from mindspore.ops import constexpr
 
 from . import _validation
-from ._distill_math import cross_entropy_and_grad
+from ._distill_math import KL, cross_entropy_and_grad, transform_slope, transformed
 from .backends import check_name, compiled, get_distill_kernels, get_kernels
 
 _NAME = "FusedLinearDistillationLoss"
@@ -57,10 +57,13 @@ class _ChunkStep(nn.Cell):
     ``student`` / ``teacher``: which gradients this pass computes (the loss comes with the student's)."""
 
     def __init__(self, kernels, temperature, beta, ignore_index, hard_weight, soft_weight, student, teacher,
-                 teacher_logits, stored=None):
+                 teacher_logits, stored=None, variant=KL, hard_options=(0.0, 0.0)):
         super().__init__()
         self.ignore_index = ignore_index
         self.hard_weight = hard_weight
+        self.variant = variant
+        self.transformed = variant.softcap > 0 or variant.logit_scale != 1.0
+        self.z_loss, self.label_smoothing = hard_options
         self.soft_weight = soft_weight
         self.student = student
         self.teacher = teacher
@@ -71,16 +74,16 @@ class _ChunkStep(nn.Cell):
             self.kernel_rows = kernels.forward(temperature, stored[0], beta, stored[1])
             self.kernel_student = kernels.backward(temperature, stored[0], beta, stored[1])
             return
-        self.kernel_rows = kernels.forward(temperature, beta)
+        self.kernel_rows = kernels.forward(temperature, beta, variant)
         if student:
-            self.kernel_student = _StudentOnly(kernels.backward(temperature, beta, False))
+            self.kernel_student = _StudentOnly(kernels.backward(temperature, beta, False, variant))
         if teacher:
-            self.kernel_teacher = (kernels.backward_teacher(temperature, beta)
-                                   if hasattr(kernels, "backward_teacher") else _TeacherOnly(kernels, temperature, beta))
+            self.kernel_teacher = (kernels.backward_teacher(temperature, beta, variant)
+                                   if hasattr(kernels, "backward_teacher")
+                                   else _TeacherOnly(kernels, temperature, beta, variant))
 
     def construct(self, i, carry):
-        hs, ws, bs, ht, wt, bt, labels, scale, offsets, loss, dhs, dws, dbs, dht, dwt, dbt = carry
-        f32 = ms.float32
+        hs, ws, bs, ht, wt, bt, labels, weights, scale, offsets, loss, dhs, dws, dbs, dht, dwt, dbt = carry
         rows = ops.cast(ops.dyn_shape(labels)[0], ms.int32)
         idx = offsets + i * offsets.shape[0]
         inside = idx < rows
@@ -97,14 +100,19 @@ class _ChunkStep(nn.Cell):
         else:
             ht_c = ops.where(rows_kept, ops.gather(ht, idx, 0), 0.0)
             teacher_c = (ht_c if self.teacher_logits else _matmul_t(ht_c, wt) + bt,)
-        # the kernels' incoming row gradient is the keep mask: rows not counted get exact zeros, unread
-        stats, g = self.kernel_rows(s_c, *teacher_c), ops.cast(keep, f32)
+        # the kernels' incoming row gradient is the row's weight (0 for rows not counted: exact zeros, unread)
+        g = ops.where(keep, ops.gather(weights, idx, 0), 0.0)
+        stats = self.kernel_rows(s_c, *teacher_c)
         at = ops.expand_dims(idx, 1)
         if self.student:
-            loss = loss + ops.sum(ops.where(keep, stats[:, 0], 0.0)) * (self.soft_weight * scale)
+            loss = loss + ops.sum(ops.where(keep, stats[:, 0] * g, 0.0)) * (self.soft_weight * scale)
             ds = self.kernel_student(s_c, *teacher_c, stats, g) * (self.soft_weight * scale)
             if self.hard_weight != 0:
-                hard, dce = cross_entropy_and_grad(s_c, ops.where(keep, label, 0), keep)
+                z = transformed(s_c, self.variant) if self.transformed else s_c
+                hard, dce = cross_entropy_and_grad(z, ops.where(keep, label, 0), keep, g, self.z_loss,
+                                                   self.label_smoothing)
+                if self.transformed:
+                    dce = dce * transform_slope(s_c, self.variant)
                 loss = loss + hard * (self.hard_weight * scale)
                 ds = ds + dce * (self.hard_weight * scale)
             dhs = ops.tensor_scatter_add(dhs, at, ops.matmul(ds, ws))
@@ -115,7 +123,7 @@ class _ChunkStep(nn.Cell):
             dht = ops.tensor_scatter_add(dht, at, ops.matmul(dt, wt))
             dwt = dwt + _t_matmul(dt, ht_c)
             dbt = dbt + ops.sum(dt, 0)
-        return hs, ws, bs, ht, wt, bt, labels, scale, offsets, loss, dhs, dws, dbs, dht, dwt, dbt
+        return hs, ws, bs, ht, wt, bt, labels, weights, scale, offsets, loss, dhs, dws, dbs, dht, dwt, dbt
 
 
 class _StudentOnly(nn.Cell):
@@ -132,9 +140,9 @@ class _StudentOnly(nn.Cell):
 class _TeacherOnly(nn.Cell):
     """d(teacher) from kernels without a teacher-only backward (the AscendC pair): the full backward's second output."""
 
-    def __init__(self, kernels, temperature, beta):
+    def __init__(self, kernels, temperature, beta, variant=KL):
         super().__init__()
-        self.kernel = kernels.backward(temperature, beta, True)
+        self.kernel = kernels.backward(temperature, beta, True, variant)
 
     def construct(self, s, t, stats, dloss):
         return self.kernel(s, t, stats, dloss)[1]
@@ -168,7 +176,7 @@ class _ChunkLoop(nn.Cell):
         self.student, self.teacher = step.student, step.teacher  # which accumulators the carry holds
         self.chunk_size, self.chunk_bytes = chunk_size, chunk_bytes
 
-    def construct(self, hs, ws, bs, ht, wt, bt, labels, count):
+    def construct(self, hs, ws, bs, ht, wt, bt, labels, weights, count):
         f32 = ms.float32
         # A Parameter (a model's head weight) in a loop's carry fails to compile under TrainOneStepCell; a reshape
         # to its own shape makes it a plain value without a copy.
@@ -181,8 +189,10 @@ class _ChunkLoop(nn.Cell):
         zero = ops.zeros((), f32)
         student = (ops.zeros_like(hs), ops.zeros_like(ws), ops.zeros_like(bs)) if self.student else (zero,) * 3
         teacher = (ops.zeros_like(ht), ops.zeros_like(wt), ops.zeros_like(bt)) if self.teacher else (zero,) * 3
-        carry = (hs, ws, bs, ht, wt, bt, labels, 1.0 / ops.maximum(count, 1.0), offsets, zero) + student + teacher
-        return _loop(self.step, chunks, carry, compiled(hs))[9:]
+        # the 0-d scale: 1 / the counted rows' weights (0 when they sum to 0: nothing is counted)
+        scale = ops.where(count > 0, 1.0 / ops.where(count > 0, count, 1.0), 0.0)
+        carry = (hs, ws, bs, ht, wt, bt, labels, weights, scale, offsets, zero) + student + teacher
+        return _loop(self.step, chunks, carry, compiled(hs))[10:]
 
 
 def _cut(*tensors):
@@ -198,15 +208,15 @@ class _Unrecorded(nn.Cell):
         super().__init__()
         self.loop = loop
 
-    def construct(self, hs, ws, bs, ht, wt, bt, labels, count):
-        return self.loop(hs, ws, bs, ht, wt, bt, labels, count)
+    def construct(self, hs, ws, bs, ht, wt, bt, labels, weights, count):
+        return self.loop(hs, ws, bs, ht, wt, bt, labels, weights, count)
 
-    def bprop(self, hs, ws, bs, ht, wt, bt, labels, count, out, dout):
-        return tuple(ops.zeros_like(v) for v in (hs, ws, bs, ht, wt, bt, labels, count))
+    def bprop(self, hs, ws, bs, ht, wt, bt, labels, weights, count, out, dout):
+        return tuple(ops.zeros_like(v) for v in (hs, ws, bs, ht, wt, bt, labels, weights, count))
 
 
 class _FusedCore(nn.Cell):
-    """(hidden states and heads of both models, labels, counted rows) -> the loss, differentiable for the six
+    """(hidden states and heads of both models, labels, weights, counted rows) -> the loss, differentiable for the six
     tensors.
 
     Inputs are 2-D hidden states [N, H], weights [V, H], biases [V] (zeros when absent), labels [N] int32 and the
@@ -218,13 +228,14 @@ class _FusedCore(nn.Cell):
     """
 
     def __init__(self, kernels, temperature, beta, ignore_index, hard_weight, soft_weight, chunk_size, chunk_bytes,
-                 teacher_grad, teacher_logits=False, stored=None):
+                 teacher_grad, teacher_logits=False, stored=None, variant=KL, hard_options=(0.0, 0.0)):
         super().__init__()
         self.teacher_grad = teacher_grad and not teacher_logits and stored is None
         args = (kernels, temperature, beta, ignore_index, hard_weight, soft_weight)
 
         def chunk_loop(student, teacher):
-            return _ChunkLoop(_ChunkStep(*args, student, teacher, teacher_logits, stored), chunk_size, chunk_bytes)
+            return _ChunkLoop(_ChunkStep(*args, student, teacher, teacher_logits, stored, variant, hard_options),
+                              chunk_size, chunk_bytes)
 
         self.student_loop = chunk_loop(True, False)
         self.student_loop_pynative = _Unrecorded(self.student_loop)
@@ -234,8 +245,8 @@ class _FusedCore(nn.Cell):
             self.with_student_gradients = _WithGradients(False)
             self.teacher_gradients = _TeacherGradients(chunk_loop(False, True))
 
-    def construct(self, hs, ws, bs, ht, wt, bt, labels, count):
-        inputs = _cut(hs, ws, bs, ht, wt, bt) + (labels, ops.stop_gradient(count))
+    def construct(self, hs, ws, bs, ht, wt, bt, labels, weights, count):
+        inputs = _cut(hs, ws, bs, ht, wt, bt) + (labels, ops.stop_gradient(weights), ops.stop_gradient(count))
         graph = compiled(hs)
         if not self.teacher_grad:
             if graph:
@@ -243,9 +254,9 @@ class _FusedCore(nn.Cell):
             return self.with_gradients(hs, ws, bs, ht, wt, bt, *_cut(*self.student_loop_pynative(*inputs)))
         if not graph:
             return self.with_gradients(hs, ws, bs, ht, wt, bt, *_cut(*self.both_loop_pynative(*inputs)))
-        hs_, ws_, bs_, ht_, wt_, bt_, labels, count = inputs
+        hs_, ws_, bs_, ht_, wt_, bt_, labels, weights, count = inputs
         loss = self.with_student_gradients(hs, ws, bs, ht_, wt_, bt_, *_cut(*self.student_loop(*inputs)))
-        return loss + self.teacher_gradients(hs_, ws_, bs_, ht, wt, bt, labels, count)
+        return loss + self.teacher_gradients(hs_, ws_, bs_, ht, wt, bt, labels, weights, count)
 
 
 class _TeacherGradients(nn.Cell):
@@ -258,15 +269,15 @@ class _TeacherGradients(nn.Cell):
         super().__init__()
         self.teacher_loop = teacher_loop
 
-    def construct(self, hs, ws, bs, ht, wt, bt, labels, count):
+    def construct(self, hs, ws, bs, ht, wt, bt, labels, weights, count):
         # depends on the teacher's tensors: a constant output would be folded away with its bprop
         return ops.depend(ops.depend(ops.depend(ops.zeros((), ms.float32), ht), wt), bt)
 
-    def bprop(self, hs, ws, bs, ht, wt, bt, labels, count, out, dout):
-        _, _, _, _, dh_t, dw_t, db_t = self.teacher_loop(hs, ws, bs, *_cut(ht, wt, bt), labels, count)
+    def bprop(self, hs, ws, bs, ht, wt, bt, labels, weights, count, out, dout):
+        _, _, _, _, dh_t, dw_t, db_t = self.teacher_loop(hs, ws, bs, *_cut(ht, wt, bt), labels, weights, count)
         return (ops.zeros_like(hs), ops.zeros_like(ws), ops.zeros_like(bs), ops.cast(dh_t * dout, ht.dtype),
                 ops.cast(dw_t * dout, wt.dtype), ops.cast(db_t * dout, bt.dtype), ops.zeros_like(labels),
-                ops.zeros_like(count))
+                ops.zeros_like(weights), ops.zeros_like(count))
 
 
 class _WithGradients(nn.Cell):
@@ -349,7 +360,8 @@ class FusedLinearDistillationLoss(nn.Cell):
 
     def __init__(self, temperature=1.0, *, beta=0.0, ignore_index=-100, hard_weight=0.0, soft_weight=1.0,
                  chunk_size=None, chunk_bytes=None, teacher_grad=None, backend="auto", stored_mode="tail",
-                 teacher_temperature=1.0):
+                 teacher_temperature=1.0, divergence="kl", alpha=None, softcap=None, logit_scale=1.0, z_loss=0.0,
+                 label_smoothing=0.0):
         super().__init__()
         _validation.check_temperature(temperature, _NAME)
         _validation.check_number(beta, "beta", _NAME, 0.0, 1.0)
@@ -371,14 +383,19 @@ class FusedLinearDistillationLoss(nn.Cell):
         self.chunk_size = chunk_size
         self.chunk_bytes = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
         self.teacher_grad = teacher_grad is not False
-        self.backend, kernels = _kernels_for(backend)
+        self.variant = _validation.check_variant(divergence, alpha, softcap, logit_scale, self.beta, _NAME)
+        _validation.check_number(z_loss, "z_loss", _NAME, 0.0)
+        _validation.check_number(label_smoothing, "label_smoothing", _NAME, 0.0, 1.0)
+        self.z_loss, self.label_smoothing = float(z_loss), float(label_smoothing)
+        self.backend, kernels = _kernels_for(backend, self.variant)
         args = (kernels, self.temperature, self.beta, ignore_index, self.hard_weight, self.soft_weight, chunk_size,
                 self.chunk_bytes)
-        self.core = _FusedCore(*args, self.teacher_grad)
-        self.core_from_logits = _FusedCore(*args, False, teacher_logits=True)
+        options = dict(variant=self.variant, hard_options=(self.z_loss, self.label_smoothing))
+        self.core = _FusedCore(*args, self.teacher_grad, **options)
+        self.core_from_logits = _FusedCore(*args, False, teacher_logits=True, **options)
         # the stored-teacher head (from_teacher_topk): its options are checked when it is used
         self.stored_mode, self.teacher_temperature = stored_mode, teacher_temperature
-        self._stored_error = _stored_options_error(stored_mode, teacher_temperature, self.beta)
+        self._stored_error = _stored_options_error(stored_mode, teacher_temperature, self.beta, self.variant)
         self.core_from_stored = None
         if self._stored_error is None:
             try:
@@ -388,16 +405,18 @@ class FusedLinearDistillationLoss(nn.Cell):
             else:
                 ratio = 1.0 if stored_mode == "sampled" else float(teacher_temperature) / self.temperature
                 self.core_from_stored = _FusedCore(stored_kernels, *args[1:], False,
-                                                   stored=(ratio, stored_mode == "tail"))
+                                                   stored=(ratio, stored_mode == "tail"),
+                                                   hard_options=(self.z_loss, self.label_smoothing))
 
     def construct(self, student_hidden, student_weight, teacher_hidden, teacher_weight, labels=None,
-                  student_bias=None, teacher_bias=None):
+                  student_bias=None, teacher_bias=None, weights=None):
         _check_inputs(student_hidden, student_weight, teacher_hidden, teacher_weight, labels, student_bias,
                       teacher_bias, self.hard_weight, _NAME)
         return self._run(self.core, student_hidden, student_weight, student_bias, _rows(teacher_hidden),
-                         teacher_weight, teacher_bias, labels)
+                         teacher_weight, teacher_bias, labels, weights)
 
-    def from_teacher_logits(self, student_hidden, student_weight, teacher_logits, labels=None, student_bias=None):
+    def from_teacher_logits(self, student_hidden, student_weight, teacher_logits, labels=None, student_bias=None,
+                            weights=None):
         """The same loss with the teacher given as logits ``[N, V]`` (or ``[B, S, V]``) instead of its hidden
         states and head; the teacher is frozen (no gradient). Under GRAPH_MODE call it from a Cell's construct."""
         name = f"{_NAME}.from_teacher_logits"
@@ -406,10 +425,10 @@ class FusedLinearDistillationLoss(nn.Cell):
         logits = ops.stop_gradient(_rows(teacher_logits))
         unused = ops.zeros((1, 1), ms.float32)
         return self._run(self.core_from_logits, student_hidden, student_weight, student_bias, logits, unused,
-                         ops.zeros((1,), ms.float32), labels)
+                         ops.zeros((1,), ms.float32), labels, weights)
 
     def from_teacher_topk(self, student_hidden, student_weight, teacher_ids, teacher_values, labels=None,
-                          student_bias=None):
+                          student_bias=None, weights=None):
         """The same loss against a stored teacher: per row K ids ``[N, K]`` / ``[B, S, K]`` (int32/int64, negative =
         padding) and their values (log-probabilities; counts for ``stored_mode='sampled'``), the soft term being
         :func:`ms_kldiv.sparse_distillation_loss` with ``mode=stored_mode``, ``teacher_temperature``, ``beta``
@@ -430,12 +449,16 @@ class FusedLinearDistillationLoss(nn.Cell):
         if self.stored_mode == "sampled":
             values = ops.log(values)
         return self._run(self.core_from_stored, student_hidden, student_weight, student_bias, ops.stop_gradient(ids),
-                         ops.stop_gradient(values), ops.zeros((1,), ms.float32), labels)
+                         ops.stop_gradient(values), ops.zeros((1,), ms.float32), labels, weights)
 
     def _run(self, core, student_hidden, student_weight, student_bias, teacher_rows, teacher_weight, teacher_bias,
-             labels):
+             labels, weights=None):
         hs = _rows(student_hidden)
         vocab = student_weight.shape[0]
+        if weights is not None:
+            _validation.check_weights(weights, ops.shape(student_hidden)[:-1], _NAME)
+            if not compiled(weights):
+                _validation.check_weights_data(weights, _NAME)
         if labels is None:
             labels = ops.cast(ops.zeros_like(hs[:, 0]), ms.int32)
             count = ops.cast(ops.reshape(ops.dyn_shape(hs)[:1], ()), ms.float32)
@@ -444,9 +467,15 @@ class FusedLinearDistillationLoss(nn.Cell):
             if self.hard_weight != 0 and not compiled(labels):
                 _check_label_range(labels, vocab, self.ignore_index)
             count = ops.sum(ops.cast(labels != self.ignore_index, ms.float32))
+        if weights is None:
+            weights = ops.ones_like(ops.cast(labels, ms.float32))
+        else:
+            # the counted rows' weights sum to the count the means divide by
+            weights = ops.cast(ops.reshape(weights, (-1,)), ms.float32)
+            count = ops.sum(ops.where(labels != self.ignore_index, weights, 0.0))
         bs = ops.zeros((vocab,), student_weight.dtype) if student_bias is None else student_bias
         bt = ops.zeros((vocab,), teacher_weight.dtype) if teacher_bias is None else teacher_bias
-        return core(hs, student_weight, bs, teacher_rows, teacher_weight, bt, labels, count)
+        return core(hs, student_weight, bs, teacher_rows, teacher_weight, bt, labels, weights, count)
 
     def extend_repr(self):
         return (f"temperature={self.temperature}, beta={self.beta}, ignore_index={self.ignore_index}, "
@@ -454,8 +483,11 @@ class FusedLinearDistillationLoss(nn.Cell):
                 f"backend={self.backend!r}")
 
 
-def _stored_options_error(mode, teacher_temperature, beta):
+def _stored_options_error(mode, teacher_temperature, beta, variant):
     """The error of a stored-teacher configuration that cannot work, or None (raised by from_teacher_topk)."""
+    if variant != KL:
+        return ValueError(f"For '{_NAME}.from_teacher_topk', a stored teacher takes the 'kl' family (beta) without "
+                          f"a logits transform; got {variant}.")
     try:
         _validation.check_stored_options(mode, teacher_temperature, beta, _NAME)
     except (TypeError, ValueError) as e:
@@ -463,10 +495,17 @@ def _stored_options_error(mode, teacher_temperature, beta):
     return None
 
 
-def _kernels_for(backend):
-    """(backend chosen, its distillation kernels); a bad ``backend=`` is named for this Cell."""
+def _kernels_for(backend, variant):
+    """(backend chosen, its distillation kernels) for ``variant``; a bad ``backend=`` is named for this Cell, and
+    kernels that cannot compute the variant give way to the composite ones under 'auto'."""
     check_name(backend, _NAME)
-    return get_distill_kernels(backend)
+    name, kernels = get_distill_kernels(backend)
+    reason = kernels.unsupported(variant)
+    if reason is None:
+        return name, kernels
+    if backend != "auto":
+        raise RuntimeError(f"For '{_NAME}', backend {backend!r} cannot compute {variant}: {reason}.")
+    return get_distill_kernels("composite")
 
 
 def _check_label_range(labels, vocab, ignore_index):

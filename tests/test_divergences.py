@@ -1,0 +1,235 @@
+"""The loss menu beyond the 'kl' family: divergence ('tvd', 'skew_kl', 'skew_rkl', 'symmetric_kl') with alpha,
+per-row weights, softcap and logit_scale in distillation_loss / DistillationLoss / FusedLinearDistillationLoss, and
+the head's z_loss and label_smoothing. Each against the float64 reference (ms_kldiv.reference: values, both
+gradients by central differences), in PyNative and GRAPH_MODE, on every distillation backend; against the anchors'
+own definitions written out here (Liger's TVD, torchtune's symmetric KL, DistiLLM's skew KL, Gemma's soft cap);
+second order through the composite math; bad values raise."""
+import numpy as np
+import pytest
+
+import mindspore as ms
+from mindspore import Tensor, nn
+
+import ms_kldiv
+from ms_kldiv import reference as ref
+
+from conftest import DISTILL_BACKENDS, central_differences, graph_mode, to_numpy
+
+VARIANTS = (
+    dict(divergence="tvd"),
+    dict(divergence="skew_kl", alpha=0.1),
+    dict(divergence="skew_kl", alpha=0.6),
+    dict(divergence="skew_rkl", alpha=0.1),
+    dict(divergence="symmetric_kl", alpha=0.3),
+    dict(divergence="kl", softcap=3.0, logit_scale=0.5),
+    dict(divergence="kl", beta=0.5, logit_scale=2.0),
+    dict(divergence="tvd", softcap=2.0),
+)
+IDS = [",".join(f"{k}={v}" for k, v in v.items()) for v in VARIANTS]
+
+
+def _ref_kwargs(variant):
+    kw = dict(variant)
+    beta = kw.pop("beta", 0.0)
+    default = {"skew_kl": 0.1, "skew_rkl": 0.1, "symmetric_kl": 0.5}.get(kw["divergence"], 0.0)
+    kw.setdefault("alpha", default)
+    kw["softcap"] = kw.get("softcap") or 0.0
+    return beta, kw
+
+
+class Loss(nn.Cell):
+    """The summed loss (a Cell: graph mode parses no lambda)."""
+
+    def __init__(self, variant, backend, reduction):
+        super().__init__()
+        self.cell = ms_kldiv.DistillationLoss(2.0, reduction, backend=backend, **variant)
+
+    def construct(self, s, t, labels, weights):
+        return self.cell(s, t, labels, weights).sum()
+
+
+def _case(rng):
+    s = rng.normal(size=(2, 3, 11)) * 2
+    t = rng.normal(size=(2, 3, 11)) * 2
+    s[..., -2:] = -np.inf  # a padded vocabulary: masked in both models
+    t[..., -2:] = -np.inf
+    labels = np.array([[1, -100, 2], [3, 4, 5]])
+    weights = np.array([[1.0, 7.0, 0.0], [0.5, 2.0, 1.5]])
+    s[0, 1, 0] = np.nan  # the ignored row
+    return s, t, labels, weights
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=IDS)
+@pytest.mark.parametrize("exec_mode", ("pynative", "graph"))
+@pytest.mark.parametrize("backend", DISTILL_BACKENDS)
+def test_values_and_both_gradients(backend, exec_mode, variant):
+    """[B, S, V] logits with vocabulary padding, an ignored NaN row, weights (one 0): 'batchmean' divides by the
+    counted rows' weights; 'none' is pointwise (the composition)."""
+    s, t, labels, weights = _case(np.random.default_rng(21))
+    beta, kw = _ref_kwargs(variant)
+    args = [Tensor(s, ms.float32), Tensor(t, ms.float32), Tensor(labels, ms.int32), Tensor(weights, ms.float32)]
+    sr, tr = (to_numpy(a) for a in args[:2])
+    for reduction in ("batchmean", "none"):
+        cell = Loss(variant, backend, reduction)
+        grad_fn = ms.value_and_grad(cell, grad_position=(0, 1))
+        if exec_mode == "graph":
+            with graph_mode():
+                value, (ds, dt) = grad_fn(*args)
+        else:
+            value, (ds, dt) = grad_fn(*args)
+
+        def f(x, y, reduction=reduction):
+            return np.sum(ref.distillation_loss(x, y, 2.0, reduction, beta, labels, weights=weights, **kw))
+        np.testing.assert_allclose(float(value), f(sr, tr), rtol=2e-6, err_msg=reduction)
+        finite_s = np.where(np.isfinite(sr), sr, 0.0)
+        g_s = central_differences(lambda x: f(np.where(np.isfinite(sr), x, sr), tr), finite_s)
+        g_t = central_differences(lambda y: f(sr, np.where(np.isfinite(tr), y, tr)), np.where(np.isfinite(tr), tr, 0))
+        np.testing.assert_allclose(np.nan_to_num(to_numpy(ds)) * np.isfinite(sr), g_s * np.isfinite(sr), atol=3e-6)
+        np.testing.assert_allclose(np.nan_to_num(to_numpy(dt)) * np.isfinite(tr), g_t * np.isfinite(tr), atol=3e-6)
+        assert np.all(to_numpy(ds)[0, 1] == 0) and np.all(to_numpy(ds)[0, 2] == 0)  # ignored, weight 0
+
+
+def test_anchor_definitions():
+    """The reference equals the anchors' definitions, written out: Liger's TVD (1/2 sum |p - q| per token),
+    torchtune's SymmetricKLLoss (sym_kd_ratio * forward KL + (1 - ratio) * reverse KL), DistiLLM's skew KL
+    (KL(p || a p + (1 - a) q)), Gemma's soft cap (cap * tanh(logits / cap))."""
+    rng = np.random.default_rng(22)
+    s, t = rng.normal(size=(4, 9)) * 2, rng.normal(size=(4, 9)) * 2
+    p_s, p_t = np.exp(ref.log_softmax(s)), np.exp(ref.log_softmax(t))
+    kl = lambda p, q: np.sum(p * np.log(p / q), -1)  # noqa: E731
+    np.testing.assert_allclose(ref.distillation_pointwise(s, t, divergence="tvd").sum(-1),
+                               0.5 * np.abs(p_s - p_t).sum(-1), rtol=1e-12)
+    np.testing.assert_allclose(ref.distillation_pointwise(s, t, divergence="symmetric_kl", alpha=0.3).sum(-1),
+                               0.3 * kl(p_t, p_s) + 0.7 * kl(p_s, p_t), rtol=1e-12)
+    np.testing.assert_allclose(ref.distillation_pointwise(s, t, divergence="skew_kl", alpha=0.1).sum(-1),
+                               kl(p_t, 0.1 * p_t + 0.9 * p_s), rtol=1e-12)
+    np.testing.assert_allclose(ref.distillation_pointwise(s, t, divergence="skew_rkl", alpha=0.1).sum(-1),
+                               kl(p_s, 0.1 * p_s + 0.9 * p_t), rtol=1e-12)
+    capped = lambda z: 30.0 * np.tanh(z / 30.0)  # noqa: E731
+    np.testing.assert_allclose(ref.distillation_pointwise(s * 40, t * 40, softcap=30.0).sum(-1),
+                               ref.distillation_pointwise(capped(s * 40), capped(t * 40)).sum(-1), rtol=1e-12)
+    # alpha = 0 skew KL is forward KL; symmetric with alpha 1 is forward KL
+    np.testing.assert_allclose(ref.distillation_pointwise(s, t, divergence="skew_kl", alpha=0.0),
+                               ref.distillation_pointwise(s, t), rtol=1e-12)
+
+
+@pytest.mark.parametrize("variant", VARIANTS[:5], ids=IDS[:5])
+def test_second_order_through_the_composite_math(variant):
+    """grad of (grad . v) for both logits on the fused route equals central differences of the first-order
+    reference gradient (the composite math's derivative)."""
+    rng = np.random.default_rng(23)
+    s, t = rng.normal(size=(3, 7)), rng.normal(size=(3, 7))
+    v = rng.normal(size=(3, 7))
+    beta, kw = _ref_kwargs(variant)
+
+    def first(a, b):
+        return ms.grad(lambda x, y: ms_kldiv.distillation_loss(x, y, 1.5, "sum", **variant), grad_position=(0, 1))(
+            a, b)
+
+    def second(a, b):
+        ds, dt = first(a, b)
+        return (ds * Tensor(v, ms.float32)).sum() + (dt * Tensor(v, ms.float32)).sum()
+
+    gs, gt = ms.grad(second, grad_position=(0, 1))(Tensor(s, ms.float32), Tensor(t, ms.float32))
+
+    def ref_pair(x, y):
+        fs = central_differences(lambda a: ref.distillation_loss(a, y, 1.5, "sum", beta, **kw), x, 1e-5)
+        ft = central_differences(lambda b: ref.distillation_loss(x, b, 1.5, "sum", beta, **kw), y, 1e-5)
+        return np.sum(fs * v) + np.sum(ft * v)
+    sr, tr = to_numpy(Tensor(s, ms.float32)), to_numpy(Tensor(t, ms.float32))
+    np.testing.assert_allclose(to_numpy(gs), central_differences(lambda a: ref_pair(a, tr), sr, 1e-4), atol=2e-3)
+    np.testing.assert_allclose(to_numpy(gt), central_differences(lambda b: ref_pair(sr, b), tr, 1e-4), atol=2e-3)
+
+
+def _hard_reference(logits, labels, z_loss, eps):
+    """Per-row hard loss: (1 - eps) CE + eps * uniform CE over the finite classes + z lse^2."""
+    log_p = ref.log_softmax(logits)
+    finite = np.isfinite(logits)
+    nll = -np.take_along_axis(log_p, labels[:, None], -1)[:, 0]
+    smooth = -np.sum(np.where(finite, log_p, 0.0), -1) / finite.sum(-1)
+    lse = np.log(np.sum(np.exp(logits - logits.max(-1, keepdims=True)), -1)) + logits.max(-1)
+    return (1 - eps) * nll + eps * smooth + z_loss * lse ** 2
+
+
+@pytest.mark.parametrize("exec_mode", ("pynative", "graph"))
+@pytest.mark.parametrize("backend", DISTILL_BACKENDS)
+def test_head_variants_weights_z_loss_label_smoothing(backend, exec_mode):
+    """The chunked head with a divergence, a soft cap, weights, z_loss and label smoothing equals the float64
+    definition on the full logits (both terms weighted, divided by the counted rows' weights); gradients of the
+    hidden states, weight and bias by the chain rule."""
+    rng = np.random.default_rng(24)
+    rows, hidden, vocab = 9, 5, 13
+    h, ht = rng.normal(size=(rows, hidden)), rng.normal(size=(rows, hidden))
+    w, wt = rng.normal(size=(vocab, hidden)), rng.normal(size=(vocab, hidden))
+    b = rng.normal(size=vocab) * 0.1
+    labels = rng.integers(0, vocab, size=rows)
+    labels[2] = -100
+    weights = rng.uniform(0, 2, size=rows)
+    weights[4] = 0.0
+    head = ms_kldiv.FusedLinearDistillationLoss(2.0, divergence="skew_kl", alpha=0.2, softcap=4.0, hard_weight=0.5,
+                                                z_loss=1e-2, label_smoothing=0.1, chunk_size=4, backend=backend,
+                                                teacher_grad=False)
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.head = head
+
+        def construct(self, h, w, b, ht, wt, labels, weights):
+            return self.head(h, w, ht, wt, labels, b, None, weights)
+
+    args = [Tensor(a, ms.float32) for a in (h, w, b, ht, wt)] + [Tensor(labels, ms.int32),
+                                                                 Tensor(weights, ms.float32)]
+    fn = ms.value_and_grad(Net(), grad_position=(0, 1, 2))
+    if exec_mode == "graph":
+        with graph_mode():
+            value, grads = fn(*args)
+    else:
+        value, grads = fn(*args)
+    hr, wr, br, htr, wtr = (to_numpy(a) for a in args[:5])
+    keep = labels != -100
+    teacher_logits = htr @ wtr.T
+
+    def loss_of(logits):
+        soft = ref.distillation_loss(logits, teacher_logits, 2.0, "tokenmean", 0.0, labels, weights=weights,
+                                     divergence="skew_kl", alpha=0.2, softcap=4.0)
+        capped = 4.0 * np.tanh(logits / 4.0)
+        hard = _hard_reference(capped, np.where(keep, labels, 0), 1e-2, 0.1)
+        return soft + 0.5 * np.sum(np.where(keep, hard * weights, 0.0)) / np.sum(weights[keep])
+
+    logits = hr @ wr.T + br
+    d_logits = central_differences(loss_of, logits)
+    np.testing.assert_allclose(float(value), loss_of(logits), rtol=2e-6)
+    for got, exp, name in zip(grads, (d_logits @ wr, d_logits.T @ hr, d_logits.sum(0)), ("hidden", "weight", "bias")):
+        np.testing.assert_allclose(to_numpy(got), exp, atol=3e-6, err_msg=name)
+
+
+S, T = Tensor(np.zeros((2, 3), np.float32)), Tensor(np.ones((2, 3), np.float32))
+
+
+@pytest.mark.parametrize("kwargs,err,match", [
+    (dict(divergence="js"), ValueError, "'divergence'"),
+    (dict(divergence=3), TypeError, "'divergence'"),
+    (dict(divergence="tvd", beta=0.5), ValueError, "'beta'"),
+    (dict(divergence="tvd", alpha=0.5), ValueError, "'alpha'"),
+    (dict(divergence="skew_kl", alpha=1.5), ValueError, "'alpha'"),
+    (dict(divergence="skew_kl", alpha=1.0), ValueError, "'alpha'"),
+    (dict(divergence="symmetric_kl", alpha=-0.1), ValueError, "'alpha'"),
+    (dict(softcap=0.0), ValueError, "'softcap'"),
+    (dict(softcap=-1.0), ValueError, "'softcap'"),
+    (dict(logit_scale=0.0), ValueError, "'logit_scale'"),
+    (dict(weights=Tensor(np.array([1.0, -1.0], np.float32))), ValueError, "'weights'"),
+    (dict(weights=Tensor(np.array([1, 2], np.int32))), TypeError, "'weights'"),
+    (dict(weights=Tensor(np.ones(3, np.float32))), ValueError, "'weights'"),
+])
+def test_errors(kwargs, err, match):
+    with pytest.raises(err, match=match):
+        ms_kldiv.distillation_loss(S, T, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs,match", [(dict(z_loss=-1.0), "'z_loss'"), (dict(label_smoothing=1.5),
+                                                                             "'label_smoothing'"),
+                                          (dict(divergence="tvd", softcap=-2.0), "'softcap'")])
+def test_head_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ms_kldiv.FusedLinearDistillationLoss(**kwargs)
