@@ -6,7 +6,9 @@ Rows: ``fused`` (``distillation_loss``, the fused kernels), ``composition`` (the
 ``kl_div``, what ``distillation_loss`` did before the kernels), ``ms_ops`` (``ops.kl_div(ops.log_softmax(s/T),
 ops.softmax(t/T))`` written the obvious way; forward KL only), ``torch`` (torch's composition, when importable) and
 ``stream`` (``kl_div`` 'sum' on the same two tensors: the streaming kernel that runs at the machine's read bandwidth,
-i.e. reading both logits once, plus writing one gradient for value+grad: the roofline). Modes: ``fwd`` (the loss),
+i.e. reading both logits once, plus writing one gradient for value+grad: the roofline), and with ``--divergences``
+one ``fused-<divergence>`` row per other divergence of the loss menu (``tvd``, ``skew_kl``, ``skew_rkl``,
+``symmetric_kl``; with beta 0), timed against ``fused`` (forward KL). Modes: ``fwd`` (the loss),
 ``grad`` (value and the student's gradient, teacher frozen), ``step`` (one GRAPH_MODE ``TrainOneStepCell`` step of a
 Dense H -> V student head distilled from fixed teacher logits; fused and composition rows).
 """
@@ -31,6 +33,8 @@ def _ms_fn(row, temperature, beta, mode):
         t = ops.stop_gradient(t)
         if row == "fused":
             return ms_kldiv.distillation_loss(s, t, temperature, beta=beta, backend="aot")
+        if row.startswith("fused-"):
+            return ms_kldiv.distillation_loss(s, t, temperature, backend="aot", divergence=row[len("fused-"):])
         if row == "composition":
             return _compose(s, t, temperature, "batchmean", beta, None, -100, "aot", s.dtype)
         if row == "ms_ops":
@@ -127,6 +131,9 @@ def main(argv=None):
     ap.add_argument("--betas", default="0,0.5")
     ap.add_argument("--modes", default="fwd,grad,step", help="fwd, grad (value + d/dstudent), step (training step)")
     ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--divergences", default="kl",
+                    help="also time these divergences of the fused loss (beta 0 cells), e.g. tvd,skew_kl,skew_rkl,"
+                         "symmetric_kl")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", default=None, help="write the records to this file")
     ap.add_argument("--child", nargs=7, help=argparse.SUPPRESS)
@@ -146,6 +153,8 @@ def main(argv=None):
                 for mode in args.modes.split(","):
                     cell_rows = [r for r in rows if (mode != "step" or r in ("fused", "composition"))
                                  and not (r == "ms_ops" and beta != 0) and not (r == "stream" and beta != 0)]
+                    if beta == 0 and mode != "step" and "fused" in cell_rows:
+                        cell_rows += [f"fused-{d}" for d in args.divergences.split(",") if d and d != "kl"]
                     recs = {r: in_child(__name__, (r, n, v, dtype_name, beta, mode, args.repeats), r) for r in cell_rows}
                     fused = recs.get("fused", {})
                     for r, rec in recs.items():
