@@ -16,12 +16,15 @@ current device target and, if so, for that op's implementation:
     autodiff) and by ``FusedLinearDistillationLoss`` (which calls the kernels chunk by chunk). For student and
     teacher logits of one shape [R, V] (V >= 1) and one dtype from ``kernels.dtypes``:
 
-    - ``forward(temperature, beta)`` -> Cell ``(s, t) -> float32 stats [R, STATS]``; column 0 is each row's loss
-      (T^2 times the divergence of ``beta``), the other columns are whatever the backward reads;
-    - ``backward(temperature, beta, teacher_grad)`` -> Cell ``(s, t, stats, dloss) -> (d_student, d_teacher)``
-      for the float32 incoming gradient ``dloss`` [R] of the row losses; rows with ``dloss == 0`` get exact
-      zeros whatever their logits hold; d_teacher is a one-element placeholder when ``teacher_grad`` is False;
-    - optionally ``backward_teacher(temperature, beta)`` -> Cell ``(s, t, stats, dloss) -> d_teacher``.
+    - ``forward(temperature, beta, variant=KL)`` -> Cell ``(s, t) -> float32 stats [R, STATS]``; column 0 is each
+      row's loss (T^2 times the divergence of ``beta`` and ``variant``: ``ms_kldiv._distill_math.Variant``, the
+      divergence of the loss menu and the logits' transform), the other columns are whatever the backward reads;
+    - ``backward(temperature, beta, teacher_grad, variant=KL)`` -> Cell ``(s, t, stats, dloss) -> (d_student,
+      d_teacher)`` for the float32 incoming gradient ``dloss`` [R] of the row losses; rows with ``dloss == 0`` get
+      exact zeros whatever their logits hold; d_teacher is a one-element placeholder when ``teacher_grad`` is False;
+    - optionally ``backward_teacher(temperature, beta, variant=KL)`` -> Cell ``(s, t, stats, dloss) -> d_teacher``;
+    - ``unsupported(variant)`` -> None, or why these kernels cannot compute ``variant`` (the API then takes the
+      composite kernels under ``backend='auto'`` and raises for a named backend).
 
 ``'sparse_distillation'`` -- ``sparse_kernels(device)``: the stored-teacher kernels, used by
     ``sparse_distillation_loss``/``SparseDistillationLoss`` (through ``ms_kldiv.backends.sparse.rows_op``). For
