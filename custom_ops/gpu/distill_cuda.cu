@@ -4,12 +4,19 @@
 //
 // Rows of V logits; a group of R threads owns a row and the groups stride over the rows: R = 32 (a warp, eight
 // rows per block) for small vocabularies, R = 256 (the block) otherwise. 128-bit loads and stores when every row
-// starts 16-byte aligned. Forward KL / reverse KL: each thread keeps a distill::KlState of its elements (one read
-// of each row); the generalized JSD keeps both rows' log-sum-exp states, merges them, then sums its terms (two
-// reads). States merge across the group in a fixed order (warp shuffles, then the warps' states in shared
-// memory), so results are bitwise reproducible and independent of the grid; no atomics, no scratch memory.
-// Backward: the same groups, one pass writing the gradient(s) from the saved statistics.
-// (temperature, beta) stay in device memory (the hyper input) and every block reads them: the host never waits.
+// starts 16-byte aligned. Forward KL / reverse KL (kinds 0, 1): each thread keeps a distill::KlState of its
+// elements (one read of each row); every other kind (generalized JSD, TVD, skew KL / reverse KL, symmetric KL) keeps
+// both rows' log-sum-exp states, merges them, then sums distill::class_terms' term, a and b (two reads). States
+// merge across the group in a fixed order (warp shuffles, then the warps' states in shared memory), so results are
+// bitwise reproducible and independent of the grid; no atomics, no scratch memory.
+// Backward: the same groups, one pass writing the gradient(s) from the saved statistics (distill::grads_mix, the
+// kind a template argument).
+// The logits' transform (logit scale, soft cap) is applied on load, so maxima, sums and terms are those of the
+// transformed values, and the raw logits' gradients are multiplied by its slope; the kernels pick a kTf = true or
+// false instantiation once per block, so the plain path carries none of it.
+// The hyper input (float64 [6]: temperature, beta, divergence code, alpha, soft cap, logit scale; the old [2]
+// layout (temperature, beta) is read as the 'kl' family without a transform) stays in device memory and every
+// block reads it: the host never waits.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -36,29 +43,51 @@ constexpr int64_t kWarpRowVocab = 2048;  // up to this many classes a warp owns 
 constexpr int64_t kMaxBlocks = 65535 * 8;
 
 struct Hyper {
-  float inv_t, t, t_sq, beta, log_beta, log_1m_beta;
+  float inv_t, t, t_sq;
   int kind;
+  Mix<float> mix;
+  Transform f;
 };
 
-__device__ __forceinline__ Hyper read_hyper(const double *hyper) {
+// `nhyper`: the hyper input's length (6; 2 for the old (temperature, beta) layout).
+__device__ __forceinline__ Hyper read_hyper(const double *hyper, int nhyper) {
   const double temperature = hyper[0], beta = hyper[1];
+  const bool full = nhyper >= 6;
+  const double code = full ? hyper[2] : 0.0, alpha = full ? hyper[3] : 0.0;
   Hyper h;
   h.inv_t = (float)(1.0 / temperature);
   h.t = (float)temperature;
   h.t_sq = (float)(temperature * temperature);
-  h.kind = kind_of(beta);
-  h.beta = (float)beta;
-  h.log_beta = h.kind == 2 ? (float)log(beta) : 0.0f;
-  h.log_1m_beta = h.kind == 2 ? (float)log1p(-beta) : 0.0f;
+  h.kind = kind_of(beta, code);
+  h.mix = mix_of<float>(h.kind, beta, alpha);
+  h.f = transform_of(full ? hyper[5] : 1.0, full ? hyper[4] : 0.0);
   return h;
 }
 
+// A loaded logit as the kernels use it: raw, or transformed (kTf).
+template <bool kTf>
+__device__ __forceinline__ float value(const Transform &f, float z) {
+  return kTf ? transform_apply(f, z) : z;
+}
+
+// transform_apply and transform_slope of one logit from a single tanhf (the same expressions, so the same values).
+__device__ __forceinline__ void apply_and_slope(const Transform &f, float z, float *x, float *slope) {
+  if (f.cap > 0.0f) {
+    const float th = tanhf(f.scale * z * f.inv_cap);
+    *x = f.cap * th;
+    *slope = f.scale * (1.0f - th * th);
+  } else {
+    *x = f.scale * z;
+    *slope = f.scale;
+  }
+}
+
 // ------------------------------------------------------------------------------------------ group reductions
-struct Normalizers {  // the JSD's first pass: both rows' running log-sum-exp
+struct Normalizers {  // the two-pass kinds' first pass: both rows' running log-sum-exp
   Online s, t;
 };
-struct Sums {  // the JSD's second pass: sum(a), sum(b)
-  double a, b;
+struct Sums {  // the two-pass kinds' second pass: the divergence, sum(a), sum(b)
+  double term, a, b;
 };
 
 // A state made of doubles, shuffled field by field: from lane + o (down), or from lane 0 (o < 0).
@@ -92,7 +121,7 @@ __device__ __forceinline__ S group_reduce(S v, Merge merge, S empty, S *part) {
 }
 
 // ------------------------------------------------------------------------------------------ element loops
-// f(s_j, t_j) for this thread's elements of one row (lane of R), in float.
+// f(s_j, t_j) for this thread's elements of one row (lane of R), in float (raw logits).
 template <int R, typename T, typename F>
 __device__ __forceinline__ void for_each_pair(const T *s, const T *t, int64_t vocab, int lane, bool vec, F &&f) {
   const int64_t done =
@@ -105,13 +134,14 @@ __device__ __forceinline__ void for_each_pair(const T *s, const T *t, int64_t vo
 
 // ------------------------------------------------------------------------------------------ forward
 // One row, forward KL or reverse KL: P = softmax(p / T) weights the difference, Q is the other (kl_from_sums).
-template <int R, typename T>
+template <int R, bool kTf, typename T>
 __device__ __forceinline__ void forward_kl_row(const T *s, const T *t, int64_t vocab, const Hyper &h, int lane,
                                                bool vec, KlState *part, float *stats) {
   KlState k = kl_empty();
   float bp = 0.0f, bq = 0.0f;
-  const bool p_is_teacher = h.kind == 0;
-  for_each_pair<R>(s, t, vocab, lane, vec, [&](float vs, float vt) {
+  const bool p_is_teacher = h.kind == kFwdKl;
+  for_each_pair<R>(s, t, vocab, lane, vec, [&](float zs, float zt) {
+    const float vs = value<kTf>(h.f, zs), vt = value<kTf>(h.f, zt);
     const float vp = p_is_teacher ? vt : vs, vq = p_is_teacher ? vs : vt;
     if (vp > k.p.m || vq > k.q.m) {
       kl_move(&k, max_of(k.p.m, vp), max_of(k.q.m, vq), h.inv_t);
@@ -140,15 +170,17 @@ __device__ __forceinline__ void forward_kl_row(const T *s, const T *t, int64_t v
   }
 }
 
-// One row, generalized JSD: both normalizers first (log M needs them), then sum(a) and sum(b).
-template <int R, typename T>
-__device__ __forceinline__ void forward_jsd_row(const T *s, const T *t, int64_t vocab, const Hyper &h, int lane,
-                                                bool vec, Normalizers *norm_part, Sums *sum_part,
-                                                float *stats) {
+// One row of a two-pass kind (generalized JSD, TVD, skew KL / reverse KL, symmetric KL): both normalizers first
+// (log M and the probabilities need them), then the sums of class_terms' term, a and b.
+template <int R, bool kTf, typename T>
+__device__ __forceinline__ void forward_terms_row(const T *s, const T *t, int64_t vocab, const Hyper &h, int lane,
+                                                  bool vec, Normalizers *norm_part, Sums *sum_part,
+                                                  float *stats) {
   const Normalizers none{online_empty(), online_empty()};
   Normalizers o = none;
   float bs = 0.0f, bt = 0.0f;
-  for_each_pair<R>(s, t, vocab, lane, vec, [&](float vs, float vt) {
+  for_each_pair<R>(s, t, vocab, lane, vec, [&](float zs, float zt) {
+    const float vs = value<kTf>(h.f, zs), vt = value<kTf>(h.f, zt);
     if (vs > o.s.m) {
       online_rescale(&o.s, vs, h.inv_t);
       bs = vs;
@@ -167,19 +199,23 @@ __device__ __forceinline__ void forward_jsd_row(const T *s, const T *t, int64_t 
       }, none, norm_part);
   const float ms = (float)safe_base(o.s.m), mt = (float)safe_base(o.t.m);
   const float lzs = (float)log(o.s.z), lzt = (float)log(o.t.z);
-  Sums sums{0.0, 0.0};
-  for_each_pair<R>(s, t, vocab, lane, vec, [&](float vs, float vt) {
-    float a, b;
-    jsd_terms((vs - ms) * h.inv_t - lzs, (vt - mt) * h.inv_t - lzt, h.log_beta, h.log_1m_beta, h.beta, &a, &b);
+  Sums sums{0.0, 0.0, 0.0};
+  const int kind = h.kind;
+  for_each_pair<R>(s, t, vocab, lane, vec, [&](float zs, float zt) {
+    float term, a, b;
+    class_terms(kind, (value<kTf>(h.f, zs) - ms) * h.inv_t - lzs, (value<kTf>(h.f, zt) - mt) * h.inv_t - lzt, h.mix,
+                &term, &a, &b);
+    sums.term += term;
     sums.a += a;
     sums.b += b;
   });
   sums = group_reduce<R>(sums, [](Sums *x, Sums y) {
+           x->term += y.term;
            x->a += y.a;
            x->b += y.b;
-         }, Sums{0.0, 0.0}, sum_part);
+         }, Sums{0.0, 0.0, 0.0}, sum_part);
   if (lane == 0) {
-    const double d = sums.a + sums.b;
+    const double d = sums.term;
     stats[kLoss] = (float)((double)h.t_sq * d);
     stats[kLogZStudent] = lzs;
     stats[kLogZTeacher] = lzt;
@@ -191,35 +227,56 @@ __device__ __forceinline__ void forward_jsd_row(const T *s, const T *t, int64_t 
   }
 }
 
-// No __launch_bounds__: with it nvcc capped these kernels at 64 registers and spilled; they need up to 72.
-template <typename T, int R>
-__global__ void distill_fwd(const T *__restrict__ s, const T *__restrict__ t, const double *__restrict__ hyper,
-                            float *__restrict__ stats, int64_t rows, int64_t vocab, bool vec) {
-  __shared__ KlState kl_part[kThreads / 32];
-  __shared__ Normalizers norm_part[kThreads / 32];
-  __shared__ Sums sum_part[kThreads / 32];
-  const Hyper h = read_hyper(hyper);
+// The rows of one block, with or without the transform (kTf).
+template <int R, bool kTf, typename T>
+__device__ __forceinline__ void forward_rows(const T *s, const T *t, float *stats, int64_t rows, int64_t vocab,
+                                             bool vec, const Hyper &h, KlState *kl_part, Normalizers *norm_part,
+                                             Sums *sum_part) {
   constexpr int kGroups = kThreads / R;
   const int lane = threadIdx.x % R;
+  const bool one_pass = h.kind == kFwdKl || h.kind == kRevKl;
   for (int64_t row = (int64_t)blockIdx.x * kGroups + threadIdx.x / R; row < rows; row += (int64_t)gridDim.x * kGroups) {
     const int64_t off = row * vocab;
-    if (h.kind == 2)
-      forward_jsd_row<R>(s + off, t + off, vocab, h, lane, vec, norm_part, sum_part, stats + row * kStats);
+    if (one_pass)
+      forward_kl_row<R, kTf>(s + off, t + off, vocab, h, lane, vec, kl_part, stats + row * kStats);
     else
-      forward_kl_row<R>(s + off, t + off, vocab, h, lane, vec, kl_part, stats + row * kStats);
+      forward_terms_row<R, kTf>(s + off, t + off, vocab, h, lane, vec, norm_part, sum_part, stats + row * kStats);
   }
 }
 
+// No __launch_bounds__: with it nvcc capped these kernels at 64 registers and spilled; they need more.
+template <typename T, int R>
+__global__ void distill_fwd(const T *__restrict__ s, const T *__restrict__ t, const double *__restrict__ hyper,
+                            int nhyper, float *__restrict__ stats, int64_t rows, int64_t vocab, bool vec) {
+  __shared__ KlState kl_part[kThreads / 32];
+  __shared__ Normalizers norm_part[kThreads / 32];
+  __shared__ Sums sum_part[kThreads / 32];
+  const Hyper h = read_hyper(hyper, nhyper);
+  if (h.f.active)
+    forward_rows<R, true>(s, t, stats, rows, vocab, vec, h, kl_part, norm_part, sum_part);
+  else
+    forward_rows<R, false>(s, t, stats, rows, vocab, vec, h, kl_part, norm_part, sum_part);
+}
+
 // ------------------------------------------------------------------------------------------ backward
-// The gradients of one row (ds / dt null: not wanted), g_t = dloss[row] * T.
-template <int R, int kKind, typename T>
+// The gradients of one row (ds / dt null: not wanted), g_t = dloss[row] * T; with kTf those of the raw logits
+// (the transformed values' gradients times the transform's slope).
+template <int R, int kKind, bool kTf, typename T>
 __device__ __forceinline__ void backward_row(const T *s, const T *t, int64_t vocab, const Hyper &h,
                                              const float *st, float g_t, int lane, bool vec, T *ds, T *dt) {
   const float ms = st[kMaxStudent], mt = st[kMaxTeacher], lzs = st[kLogZStudent], lzt = st[kLogZTeacher];
   const float sa = st[kSumA], sb = st[kSumB];
-  auto one = [&](float vs, float vt, float *gs, float *gt) {
-    grads(kKind, (vs - ms) * h.inv_t - lzs, (vt - mt) * h.inv_t - lzt, sa, sb, h.log_beta, h.log_1m_beta, h.beta,
-          g_t, gs, gt);
+  auto one = [&](float zs, float zt, float *gs, float *gt) {
+    float vs = zs, vt = zt, ks = 1.0f, kt = 1.0f;
+    if (kTf) {
+      apply_and_slope(h.f, zs, &vs, &ks);
+      apply_and_slope(h.f, zt, &vt, &kt);
+    }
+    grads_mix(kKind, (vs - ms) * h.inv_t - lzs, (vt - mt) * h.inv_t - lzt, sa, sb, h.mix, g_t, gs, gt);
+    if (kTf) {
+      *gs *= ks;
+      *gt *= kt;
+    }
   };
   const int64_t done =
       for_each_packet_pair(s, t, vocab, lane, R, vec, [&](int64_t k, const Vec16<T> &a, const Vec16<T> &b) {
@@ -242,11 +299,26 @@ __device__ __forceinline__ void backward_row(const T *s, const T *t, int64_t voc
   }
 }
 
+// One row's gradients for the call's kind (a template argument: one formula per instantiation).
+template <int R, bool kTf, typename T>
+__device__ __forceinline__ void backward_kind(const T *s, const T *t, int64_t vocab, const Hyper &h,
+                                              const float *st, float g_t, int lane, bool vec, T *ds, T *dt) {
+  switch (h.kind) {
+    case kFwdKl: backward_row<R, kFwdKl, kTf>(s, t, vocab, h, st, g_t, lane, vec, ds, dt); break;
+    case kRevKl: backward_row<R, kRevKl, kTf>(s, t, vocab, h, st, g_t, lane, vec, ds, dt); break;
+    case kJsd: backward_row<R, kJsd, kTf>(s, t, vocab, h, st, g_t, lane, vec, ds, dt); break;
+    case kTvd: backward_row<R, kTvd, kTf>(s, t, vocab, h, st, g_t, lane, vec, ds, dt); break;
+    case kSkewKl: backward_row<R, kSkewKl, kTf>(s, t, vocab, h, st, g_t, lane, vec, ds, dt); break;
+    case kSkewRkl: backward_row<R, kSkewRkl, kTf>(s, t, vocab, h, st, g_t, lane, vec, ds, dt); break;
+    default: backward_row<R, kSymmetric, kTf>(s, t, vocab, h, st, g_t, lane, vec, ds, dt); break;
+  }
+}
+
 template <typename T, int R>
 __global__ void distill_bwd(const T *__restrict__ s, const T *__restrict__ t, const double *__restrict__ hyper,
-                            const float *__restrict__ stats, const float *__restrict__ dloss, T *__restrict__ ds,
-                            T *__restrict__ dt, int64_t rows, int64_t vocab, bool vec) {
-  const Hyper h = read_hyper(hyper);
+                            int nhyper, const float *__restrict__ stats, const float *__restrict__ dloss,
+                            T *__restrict__ ds, T *__restrict__ dt, int64_t rows, int64_t vocab, bool vec) {
+  const Hyper h = read_hyper(hyper, nhyper);
   constexpr int kGroups = kThreads / R;
   const int lane = threadIdx.x % R;
   for (int64_t row = (int64_t)blockIdx.x * kGroups + threadIdx.x / R; row < rows; row += (int64_t)gridDim.x * kGroups) {
@@ -262,12 +334,10 @@ __global__ void distill_bwd(const T *__restrict__ s, const T *__restrict__ t, co
     }
     const float *st = stats + row * kStats;
     const float g_t = g * h.t;
-    if (h.kind == 0)
-      backward_row<R, 0>(s + off, t + off, vocab, h, st, g_t, lane, vec, dsr, dtr);
-    else if (h.kind == 1)
-      backward_row<R, 1>(s + off, t + off, vocab, h, st, g_t, lane, vec, dsr, dtr);
+    if (h.f.active)
+      backward_kind<R, true>(s + off, t + off, vocab, h, st, g_t, lane, vec, dsr, dtr);
     else
-      backward_row<R, 2>(s + off, t + off, vocab, h, st, g_t, lane, vec, dsr, dtr);
+      backward_kind<R, false>(s + off, t + off, vocab, h, st, g_t, lane, vec, dsr, dtr);
   }
 }
 
@@ -280,29 +350,29 @@ static int64_t blocks_for(int64_t rows, int groups) {
 }
 
 template <typename T, int R>
-static int launch(int op, void **params, int64_t rows, int64_t vocab, cudaStream_t stream) {
+static int launch(int op, void **params, int nhyper, int64_t rows, int64_t vocab, cudaStream_t stream) {
   const T *s = static_cast<const T *>(params[0]), *t = static_cast<const T *>(params[1]);
   const double *hyper = static_cast<const double *>(params[2]);
   float *stats = static_cast<float *>(params[3]);
   const int64_t blocks = blocks_for(rows, kThreads / R);
   const bool rows_aligned = (vocab * (int64_t)sizeof(T)) % 16 == 0 && aligned16(s) && aligned16(t);
   if (op == kForward) {
-    KLDIV_LAUNCH((unsigned)blocks, kThreads, 0, stream, distill_fwd<T, R>)(s, t, hyper, stats, rows, vocab,
-                                                                           rows_aligned);
+    KLDIV_LAUNCH((unsigned)blocks, kThreads, 0, stream, distill_fwd<T, R>)(s, t, hyper, nhyper, stats, rows,
+                                                                           vocab, rows_aligned);
   } else {
     T *ds = ds_param(op) >= 0 ? static_cast<T *>(params[ds_param(op)]) : nullptr;
     T *dt = dt_param(op) >= 0 ? static_cast<T *>(params[dt_param(op)]) : nullptr;
     const bool vec = rows_aligned && (!ds || aligned16(ds)) && (!dt || aligned16(dt));
     KLDIV_LAUNCH((unsigned)blocks, kThreads, 0, stream, distill_bwd<T, R>)(
-        s, t, hyper, stats, static_cast<const float *>(params[4]), ds, dt, rows, vocab, vec);
+        s, t, hyper, nhyper, stats, static_cast<const float *>(params[4]), ds, dt, rows, vocab, vec);
   }
   return cudaPeekAtLastError() == cudaSuccess ? 0 : 4;
 }
 
 template <typename T>
-static int launch_for_vocab(int op, void **params, int64_t rows, int64_t vocab, cudaStream_t stream) {
-  return vocab <= kWarpRowVocab ? launch<T, 32>(op, params, rows, vocab, stream)
-                                : launch<T, kThreads>(op, params, rows, vocab, stream);
+static int launch_for_vocab(int op, void **params, int nhyper, int64_t rows, int64_t vocab, cudaStream_t stream) {
+  return vocab <= kWarpRowVocab ? launch<T, 32>(op, params, nhyper, rows, vocab, stream)
+                                : launch<T, kThreads>(op, params, nhyper, rows, vocab, stream);
 }
 
 static int run(int op, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream) {
@@ -314,9 +384,12 @@ static int run(int op, int nparam, void **params, int *ndims, int64_t **shapes, 
     if (op == kForward) cudaMemsetAsync(params[3], 0, sizeof(float) * kStats * rows, s);
     return cudaPeekAtLastError() == cudaSuccess ? 0 : 4;
   }
-  if (!strcmp(dtypes[0], "float32")) return launch_for_vocab<float>(op, params, rows, vocab, s);
-  if (!strcmp(dtypes[0], "float16")) return launch_for_vocab<__half>(op, params, rows, vocab, s);
-  if (!strcmp(dtypes[0], "bfloat16")) return launch_for_vocab<__nv_bfloat16>(op, params, rows, vocab, s);
+  // the hyper input's length: 6, or 2 (the old layout); anything else is a layout Python excludes
+  const int nhyper = ndims[2] == 1 ? (int)shapes[2][0] : -1;
+  if (nhyper != 6 && nhyper != 2) return 1;
+  if (!strcmp(dtypes[0], "float32")) return launch_for_vocab<float>(op, params, nhyper, rows, vocab, s);
+  if (!strcmp(dtypes[0], "float16")) return launch_for_vocab<__half>(op, params, nhyper, rows, vocab, s);
+  if (!strcmp(dtypes[0], "bfloat16")) return launch_for_vocab<__nv_bfloat16>(op, params, nhyper, rows, vocab, s);
   return 1;
 }
 

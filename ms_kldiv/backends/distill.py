@@ -193,10 +193,8 @@ class AotDistillKernels:
         self.lib_path = lib_path
         self.target = target
 
-    def unsupported(self, variant):
-        """Why these kernels cannot compute ``variant`` (None: they can)."""
-        if self.target != "CPU" and variant != KL:
-            return "the CUDA library computes the 'kl' family without a logits transform only"
+    def unsupported(self, variant):  # pylint: disable=unused-argument
+        """Why these kernels cannot compute ``variant`` (None: they can; both libraries compute every one)."""
         return None
 
     def forward(self, temperature, beta, variant=KL):

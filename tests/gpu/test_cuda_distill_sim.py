@@ -51,7 +51,8 @@ def run_case(s, t, temperature, beta, dtype, dloss, offset=0, lib_path=None, **s
     """(stats, (ds, dt), ds alone, dt alone) from the library (the stand-in by default); the backward calls take
     the forward's own statistics."""
     es, et = _sim.encode(s, dtype), _sim.encode(t, dtype)
-    hyper = np.array([temperature, beta], np.float64)
+    # (temperature, beta, divergence code, alpha, soft cap, logit scale): the 'kl' family without a transform
+    hyper = np.array([temperature, beta, 0.0, 0.0, 0.0, 1.0], np.float64)
     g = np.asarray(dloss, np.float32).reshape(s.shape[:-1])
     (rc, (stats,), live), = _sim.run_calls(abi_calls(es, et, hyper, None, g, dtype, offset, **sim), lib_path)
     assert rc == 0 and live == 0, (rc, live)
