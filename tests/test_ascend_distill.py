@@ -10,7 +10,9 @@ import pytest
 
 import mindspore as ms
 from mindspore import nn, ops
+from mindspore.ops import constexpr
 
+import ms_kldiv
 from ms_kldiv import reference as ref
 from ms_kldiv.backends import ascend
 
@@ -24,10 +26,13 @@ clean_env = _ascend_common.clean_env  # a fixture: pytest looks it up in this mo
 class SimulatedDistillKernels:
     """The AscendCDistillKernels contract, computed by op_kernel/distill_custom*.cpp on the CPU stand-in."""
 
+    dtypes = ascend.AscendCDistillKernels.dtypes
+
     def __init__(self, cores=3):
         self.sims = {}
         self.cores = cores
         self.backward_calls = []
+        self.variants = []  # the variant of each forward Cell built
 
     def _sim(self, np_dtype):
         name = NP_DTYPE[np.dtype(np_dtype)]
@@ -35,17 +40,23 @@ class SimulatedDistillKernels:
             self.sims[name] = distill_sim.DistillKernelSimulator(name)
         return self.sims[name]
 
-    def forward(self, temperature, beta):
+    def unsupported(self, variant):
+        return ascend.AscendCDistillKernels().unsupported(variant)
+
+    def forward(self, temperature, beta, variant=None):
+        self.variants.append(variant)
+
         def kernel(s, t):
-            return self._sim(s.dtype).forward(s, t, temperature, beta, cores=self.cores)
+            return self._sim(s.dtype).forward(s, t, temperature, beta, cores=self.cores, variant=variant)
 
         return Bound(ops.Custom(kernel, out_shape=lambda s, t: list(s[:-1]) + [8],
                                 out_dtype=lambda s, t: ms.float32, func_type="pyfunc"))
 
-    def backward(self, temperature, beta, teacher_grad):
+    def backward(self, temperature, beta, teacher_grad, variant=None):
         def kernel(s, t, stats, g):
             self.backward_calls.append(teacher_grad)
-            ds, dt = self._sim(s.dtype).backward(s, t, stats, g, temperature, beta, teacher_grad, cores=self.cores)
+            ds, dt = self._sim(s.dtype).backward(s, t, stats, g, temperature, beta, teacher_grad, cores=self.cores,
+                                                 variant=variant)
             return np.asarray(ds, s.dtype), (np.asarray(dt, t.dtype) if teacher_grad else np.zeros(1, t.dtype))
 
         out_shape = (lambda s, t, st, g: (s, t)) if teacher_grad else (lambda s, t, st, g: (s, [1]))
@@ -260,3 +271,76 @@ def test_fused_head_takes_the_ascendc_kernels(clean_env, tmp_path, monkeypatch, 
     for name, want in reference_grads(c, 1.5, 0.5, 0.3, 1.0).items():
         np.testing.assert_allclose(grads[name], want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=name)
     assert False in simulated.backward_calls and True in simulated.backward_calls, simulated.backward_calls
+
+
+# ------------------------------------------------------------ the loss menu (divergences, logits transform) on Ascend
+def test_ascendc_distill_kernels_take_every_variant():
+    """The AscendC operators compute every divergence and logits transform: none is sent to the composite kernels,
+    and the Cells bind the variant as the operators' attributes (divergence code, alpha, softcap, logit_scale)."""
+    from ms_kldiv._distill_math import DIVERGENCES, KL, Variant
+    kernels = ascend.AscendCDistillKernels()
+    for div in DIVERGENCES:
+        for cap, scale in ((0.0, 1.0), (3.0, 0.5), (0.0, 2.0)):
+            assert kernels.unsupported(Variant(div, 0.3 if div != "kl" else 0.0, cap, scale)) is None
+    fwd = kernels.forward(2.0, 0.0, Variant("skew_rkl", 0.1, 3.0, 0.5))
+    assert (fwd.divergence, fwd.alpha, fwd.softcap, fwd.logit_scale) == (3, 0.1, 3.0, 0.5)
+    bwd = kernels.backward(2.0, 0.0, False, Variant("tvd", 0.0, 0.0, 2.0))
+    assert (bwd.divergence, bwd.softcap, bwd.logit_scale, bwd.teacher_grad) == (1, 0.0, 2.0, False)
+    plain = kernels.forward(1.0, 0.5, KL)
+    assert (plain.divergence, plain.alpha, plain.softcap, plain.logit_scale) == (0, 0.0, 0.0, 1.0)
+
+
+class _MenuLoss(nn.Cell):
+    def __init__(self, divergence, alpha, softcap, logit_scale):
+        super().__init__()
+        self.divergence, self.alpha, self.softcap, self.logit_scale = divergence, alpha, softcap, logit_scale
+
+    def construct(self, s, t, labels):
+        return ms_kldiv.distillation_loss(s, t, 1.5, "batchmean", labels=labels, backend="aot",
+                                          divergence=self.divergence, alpha=self.alpha, softcap=self.softcap,
+                                          logit_scale=self.logit_scale)
+
+
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+@pytest.mark.parametrize("divergence, alpha, softcap, logit_scale",
+                         [("tvd", None, 3.0, 0.5), ("skew_kl", 0.1, None, 2.0)])
+def test_distillation_loss_menu_takes_the_ascendc_kernels(clean_env, monkeypatch, tmp_path, mode, divergence, alpha,
+                                                          softcap, logit_scale):
+    """ms_kldiv.distillation_loss(..., divergence=..., softcap=..., backend='aot') on a faked Ascend device with the
+    distillation operators installed: the AscendC kernels (run on the stand-in) compute the variant, value and both
+    gradients equal the float64 reference, ignored rows get exact zeros."""
+    from ms_kldiv import backends, distillation
+    from ms_kldiv._distill_math import Variant
+
+    vendor = fake_vendor(tmp_path, ops_in_json=("KlDivCustom", "KlDivCustomGrad", "DistillCustom", "DistillCustomGrad"))
+    clean_env.setenv("ASCEND_CUSTOM_OPP_PATH", vendor)
+    simulated = SimulatedDistillKernels()
+    monkeypatch.setattr(ascend.AscendAotBackend, "distill_kernels", lambda self, device: simulated)
+    monkeypatch.setattr(backends, "device_target", lambda: "Ascend")
+    # distillation_loss reads the device through a constexpr (graph code): that one reads 'Ascend' too
+    monkeypatch.setattr(distillation, "_device_target_const", constexpr(lambda: "Ascend"))
+    backends._kernels.cache_clear()
+    distillation._fused_rows.cache_clear()
+    try:
+        rng = np.random.default_rng(12)
+        s_np, t_np = rng.standard_normal((5, 300)) * 3, rng.standard_normal((5, 300)) * 3
+        s_np[0, -20:] = t_np[0, -20:] = -np.inf  # padded vocabulary
+        labels_np = np.array([1, -100, 3, 4, 5], np.int32)
+        s, sv = make(s_np, F32)
+        t, tv = make(t_np, F32)
+        cell = _DistillValueAndGrads(_MenuLoss(divergence, alpha, softcap, logit_scale))
+        loss, ds, dt = run_in_mode(mode, cell, s, t, ms.Tensor(labels_np))
+    finally:
+        backends._kernels.cache_clear()
+        distillation._fused_rows.cache_clear()
+    variant = Variant(divergence, alpha or 0.0, softcap or 0.0, logit_scale)
+    assert variant in simulated.variants and simulated.backward_calls, (simulated.variants, simulated.backward_calls)
+    exp = ref.distillation_loss(sv, tv, 1.5, "batchmean", labels=labels_np, divergence=divergence,
+                                alpha=variant.alpha, softcap=variant.softcap, logit_scale=logit_scale)
+    np.testing.assert_allclose(to_numpy(loss), exp, rtol=1e-5, err_msg=mode)
+    keep = (labels_np != -100).astype(np.float64)
+    eds, edt = distill_sim.reference_variant_grads_f64(sv, tv, 1.5, 0.0, variant, keep / keep.sum())
+    scale = np.abs(eds).max()
+    np.testing.assert_allclose(to_numpy(ds), eds, rtol=1e-4, atol=1e-5 * scale, err_msg=f"{mode} d_student")
+    np.testing.assert_allclose(to_numpy(dt), edt, rtol=1e-4, atol=1e-5 * scale, err_msg=f"{mode} d_teacher")
+    assert (to_numpy(ds)[1] == 0).all() and (to_numpy(dt)[1] == 0).all()

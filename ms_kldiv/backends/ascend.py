@@ -317,31 +317,47 @@ def _stats_dtype(*_):
     return ms.float32
 
 
+#: The distillation operators' attributes after (temperature, beta), in declaration order
+#: (custom_ops/ascend/distill_custom.json): what ``_distill_math.Variant`` says, the divergence as its code.
+_DISTILL_VARIANT_ATTRS = (("divergence", "int"), ("alpha", "float"), ("softcap", "float"), ("logit_scale", "float"))
+
+
+def _variant_attrs(variant):
+    """(divergence code, alpha, softcap, logit_scale) of ``variant`` as the operators take them."""
+    variant = variant if variant is not None else _distill_math.KL
+    return (_distill_math.DIVERGENCES.index(variant.divergence), float(variant.alpha), float(variant.softcap),
+            float(variant.logit_scale))
+
+
 class _DistillKernelForward(nn.Cell):
     """DistillCustom with its attributes bound: (student, teacher) -> float32 stats [..., 8]."""
 
-    def __init__(self, temperature, beta):
+    def __init__(self, temperature, beta, variant=None):
         super().__init__()
         self.temperature = float(temperature)
         self.beta = float(beta)
+        self.divergence, self.alpha, self.softcap, self.logit_scale = _variant_attrs(variant)
         self.op = ops.Custom(DISTILL_OP_NAME, out_shape=_stats_shape, out_dtype=_stats_dtype, func_type="aot",
                              reg_info=_distill_reg_info(DISTILL_OP_NAME, ("student", "teacher"), ("stats",),
-                                                        (("temperature", "float"), ("beta", "float")),
+                                                        (("temperature", "float"), ("beta", "float"))
+                                                        + _DISTILL_VARIANT_ATTRS,
                                                         (True, True, False)))
 
     def construct(self, student, teacher):
-        return self.op(student, teacher, self.temperature, self.beta)
+        return self.op(student, teacher, self.temperature, self.beta, self.divergence, self.alpha, self.softcap,
+                       self.logit_scale)
 
 
 class _DistillKernelBackward(nn.Cell):
     """DistillCustomGrad: (student, teacher, stats, dloss) -> (d_student, d_teacher); d_teacher is a one-element
     placeholder the kernel never writes when ``teacher_grad`` is False (MindSpore cannot copy 0-element outputs)."""
 
-    def __init__(self, temperature, beta, teacher_grad):
+    def __init__(self, temperature, beta, teacher_grad, variant=None):
         super().__init__()
         self.temperature = float(temperature)
         self.beta = float(beta)
         self.teacher_grad = bool(teacher_grad)
+        self.divergence, self.alpha, self.softcap, self.logit_scale = _variant_attrs(variant)
         if teacher_grad:
             out_shape = lambda s, t, *_: (s, t)  # noqa: E731
         else:
@@ -351,41 +367,42 @@ class _DistillKernelBackward(nn.Cell):
                              reg_info=_distill_reg_info(DISTILL_GRAD_OP_NAME,
                                                         ("student", "teacher", "stats", "dloss"),
                                                         ("d_student", "d_teacher"),
-                                                        (("temperature", "float"), ("beta", "float"),
-                                                         ("teacher_grad", "bool")),
+                                                        (("temperature", "float"), ("beta", "float"))
+                                                        + _DISTILL_VARIANT_ATTRS + (("teacher_grad", "bool"),),
                                                         (True, True, False, False, True, True)))
 
     def construct(self, student, teacher, stats, dloss):
-        return self.op(student, teacher, stats, dloss, self.temperature, self.beta, self.teacher_grad)
+        return self.op(student, teacher, stats, dloss, self.temperature, self.beta, self.divergence, self.alpha,
+                       self.softcap, self.logit_scale, self.teacher_grad)
 
 
 class AscendCDistillKernels:
-    dtypes = (ms.float16, ms.bfloat16, ms.float32)
-
     """Factory of the two distillation kernel Cells; the CPU tests substitute one whose Cells run the kernel
     sources on the AscendC stand-in (tests/ascend/distill_sim.py).
 
     Contract (student and teacher of one shape [..., V] and one dtype: float32, float16 or bfloat16; V >= 1):
-      forward(temperature, beta)(s, t) -> float32 stats [..., 8]; stats[..., 0] is each row's loss
-      (T^2 times the divergence of beta), the rest is what the backward reads;
-      backward(temperature, beta, teacher_grad)(s, t, stats, dloss) -> (d_student, d_teacher), dloss float32 [...];
-      rows with dloss == 0 get exact zeros; d_teacher is a one-element placeholder when teacher_grad is False.
+      forward(temperature, beta, variant)(s, t) -> float32 stats [..., 8]; stats[..., 0] is each row's loss
+      (T^2 times the divergence of beta and ``variant``: every divergence of ``_distill_math.DIVERGENCES``, on the
+      logits transformed by the variant's softcap / logit_scale), the rest is what the backward reads;
+      backward(temperature, beta, teacher_grad, variant)(s, t, stats, dloss) -> (d_student, d_teacher), dloss
+      float32 [...]; rows with dloss == 0 get exact zeros; d_teacher is a one-element placeholder when teacher_grad
+      is False.
     """
 
+    dtypes = (ms.float16, ms.bfloat16, ms.float32)
+
     def unsupported(self, variant):
-        """Why the AscendC operators cannot compute ``variant`` (None: they can)."""
-        if variant != _distill_math.KL:
-            return "the AscendC operators compute the 'kl' family without a logits transform only"
+        """Why the AscendC operators cannot compute ``variant`` (None: they can: every divergence and transform)."""
         return None
 
     def forward(self, temperature, beta, variant=None):
-        return _DistillKernelForward(temperature, beta)
+        return _DistillKernelForward(temperature, beta, variant)
 
     def backward(self, temperature, beta, teacher_grad, variant=None):
-        return _DistillKernelBackward(temperature, beta, teacher_grad)
+        return _DistillKernelBackward(temperature, beta, teacher_grad, variant)
 
 
-def distill_rows_op(temperature=1.0, beta=0.0, teacher_grad=True, kernels=None):
+def distill_rows_op(temperature=1.0, beta=0.0, teacher_grad=True, kernels=None, variant=None):
     """Cell (student, teacher) -> float32 per-row distillation loss [...] on the AscendC kernels, differentiable
     for both logits (one backward launch writes both gradients; with ``teacher_grad=False`` the teacher gets
     zeros and the kernel does no teacher work).
@@ -395,8 +412,10 @@ def distill_rows_op(temperature=1.0, beta=0.0, teacher_grad=True, kernels=None):
     gradients without reading those rows. Second order goes through plain MindSpore ops (the closed-form
     gradients of ``ms_kldiv._distill_math``, differentiated). The caller routes what the kernels do not take:
     float64 logits (no float64 on the vector units), V == 0 or no rows, shapes that differ (broadcasting), and a
-    package without the distillation operators (``distill_ops_installed()``)."""
-    return distill.rows_op(kernels or AscendCDistillKernels(), temperature, beta, teacher_grad)
+    package without the distillation operators (``distill_ops_installed()``). ``variant``: the divergence and the
+    logits' transform (``ms_kldiv._distill_math.Variant``, default the 'kl' family on the raw logits)."""
+    return distill.rows_op(kernels or AscendCDistillKernels(), temperature, beta, teacher_grad,
+                           variant=variant if variant is not None else _distill_math.KL)
 
 
 # ------------------------------------------------------------ stored-teacher distillation (SparseDistillCustom)

@@ -20,11 +20,13 @@ void Bind() {
   // kernel_operator_vec_unary_intf.h
   void (*ln)(const LT<F>&, const LT<F>&, const int32_t&) = &Ln<F>;
   void (*exp)(const LT<F>&, const LT<F>&, const int32_t&) = &Exp<F>;
+  void (*abs)(const LT<F>&, const LT<F>&, const int32_t&) = &Abs<F>;
   void (*not_)(const LT<uint16_t>&, const LT<uint16_t>&, const int32_t&) = &Not<uint16_t>;
   // kernel_operator_vec_binary_intf.h
   void (*add)(const LT<F>&, const LT<F>&, const LT<F>&, const int32_t&) = &Add<F>;
   void (*sub)(const LT<F>&, const LT<F>&, const LT<F>&, const int32_t&) = &Sub<F>;
   void (*mul)(const LT<F>&, const LT<F>&, const LT<F>&, const int32_t&) = &Mul<F>;
+  void (*div)(const LT<F>&, const LT<F>&, const LT<F>&, const int32_t&) = &Div<F>;
   void (*max)(const LT<F>&, const LT<F>&, const LT<F>&, const int32_t&) = &Max<F>;
   void (*min)(const LT<F>&, const LT<F>&, const LT<F>&, const int32_t&) = &Min<F>;
   // kernel_operator_vec_binary_scalar_intf.h (the `const T&` overload)
@@ -64,6 +66,7 @@ void Bind() {
   static_assert(static_cast<int>(RoundMode::CAST_RINT) == 1 && static_cast<int>(RoundMode::CAST_ODD) == 6, "order");
   static_assert(static_cast<int>(HardEvent::V_S) == 22 && static_cast<int>(HardEvent::S_MTE3) == 25, "order");
   (void)blockIdx; (void)blockNum; (void)syncAll; (void)setFlag; (void)waitFlag; (void)barrier; (void)ln; (void)exp;
+  (void)abs; (void)div;
   (void)not_; (void)add; (void)sub; (void)mul; (void)max; (void)min; (void)adds; (void)muls; (void)dup; (void)dupH;
   (void)rsum; (void)rmax; (void)cmps; (void)sel; (void)castIn; (void)castOut; (void)copyIn; (void)copyOut;
   (void)padIn; (void)padOut; (void)freeT; (void)enq; (void)deq; (void)get; (void)initQue; (void)initBuf;

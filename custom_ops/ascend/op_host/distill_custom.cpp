@@ -1,9 +1,12 @@
 // Host side of the fused distillation operators: op definitions, shape/dtype inference and tiling.
 //
-//   DistillCustom(student, teacher; temperature, beta) -> stats
+//   DistillCustom(student, teacher; temperature, beta, divergence, alpha, softcap, logit_scale) -> stats
 //       student, teacher: [..., V], one shape and dtype. stats: float32 [..., 8] per row: the row's loss
-//       (T^2 times the divergence of beta), lse of both scaled rows, the row's KL terms (distill_custom.cpp).
-//   DistillCustomGrad(student, teacher, stats, dloss; temperature, beta, teacher_grad) -> d_student, d_teacher
+//       (T^2 times the divergence), lse of both scaled rows, the row's sums of terms (distill_custom.cpp).
+//       divergence: the code of ms_kldiv/_distill_math.py DIVERGENCES (0 'kl' by beta, 1 'tvd', 2 'skew_kl',
+//       3 'skew_rkl', 4 'symmetric_kl'), alpha its parameter; softcap > 0 caps both models' logits,
+//       cap tanh(logit_scale z / cap), else they are multiplied by logit_scale, before the temperature.
+//   DistillCustomGrad(student, teacher, stats, dloss; the same six, teacher_grad) -> d_student, d_teacher
 //       dloss: float32 [...], the gradient of each row's loss (0 for ignored rows: exact zeros come back).
 //       d_teacher has the teacher's shape, or is a one-element placeholder, never written, when teacher_grad is
 //       false (nothing is computed for it; MindSpore's Custom op path does not take 0-element outputs).
@@ -13,8 +16,15 @@
 #include <cmath>
 
 #include "distill_custom_tiling.h"
+#include "distill_hyper.h"
 #include "op_host_common.h"
 #include "../op_kernel/distill_tiling_plan.h"
+
+namespace {
+// Attribute indices, in declaration order (DistillAttrs below; teacher_grad is DistillCustomGrad's last).
+constexpr size_t kAttrTemperature = 0, kAttrBeta = 1, kAttrDivergence = 2, kAttrAlpha = 3, kAttrSoftcap = 4,
+                 kAttrLogitScale = 5, kAttrTeacherGrad = 6;
+}  // namespace
 
 namespace optiling {
 
@@ -28,22 +38,28 @@ ge::graphStatus DistillTilingCommon(gert::TilingContext* context) {
 
   const gert::RuntimeAttrs* attrs = context->GetAttrs();
   if (attrs == nullptr) return ge::GRAPH_FAILED;
-  const float* temperature = attrs->GetAttrPointer<float>(0);
-  const float* beta = attrs->GetAttrPointer<float>(1);
-  if (temperature == nullptr || beta == nullptr || !(*temperature > 0.0f) || !std::isfinite(*temperature) ||
-      !(*beta >= 0.0f && *beta <= 1.0f)) {
+  const float* temperature = attrs->GetAttrPointer<float>(kAttrTemperature);
+  const float* beta = attrs->GetAttrPointer<float>(kAttrBeta);
+  const int64_t* divergence = attrs->GetAttrPointer<int64_t>(kAttrDivergence);
+  const float* alpha = attrs->GetAttrPointer<float>(kAttrAlpha);
+  const float* softcap = attrs->GetAttrPointer<float>(kAttrSoftcap);
+  const float* logitScale = attrs->GetAttrPointer<float>(kAttrLogitScale);
+  if (temperature == nullptr || beta == nullptr || divergence == nullptr || alpha == nullptr || softcap == nullptr ||
+      logitScale == nullptr) {
     return ge::GRAPH_FAILED;
   }
+  const distill_hyper::Attrs hyper{*temperature, *beta, *divergence, *alpha, *softcap, *logitScale};
+  const uint32_t kind = distill_hyper::Validate(hyper);
+  if (kind > distill_tiling::kSymmetric) return ge::GRAPH_FAILED;
   bool teacherGrad = false;
   if (backward) {
-    const bool* tg = attrs->GetAttrPointer<bool>(2);
+    const bool* tg = attrs->GetAttrPointer<bool>(kAttrTeacherGrad);
     if (tg == nullptr) return ge::GRAPH_FAILED;
     teacherGrad = *tg;
   }
 
   const uint32_t io = kldiv_host::PairIoBytes(context);
   if (io == 0) return ge::GRAPH_FAILED;
-  const uint32_t kind = distill_tiling::KindOfBeta(*beta);
   const uint32_t op = !backward ? distill_tiling::kForward
                                 : (teacherGrad ? distill_tiling::kBackwardBoth : distill_tiling::kBackwardStudent);
 
@@ -51,24 +67,18 @@ ge::graphStatus DistillTilingCommon(gert::TilingContext* context) {
   uint32_t cores = 0, ubBytes = 0;
   kldiv_host::CoreResources(platform, &cores, &ubBytes);
   distill_tiling::Plan plan{};
-  if (!distill_tiling::MakePlan(rows, vocab, io, op, kind, cores, ubBytes, &plan)) return ge::GRAPH_FAILED;
+  if (!distill_tiling::MakePlan(rows, vocab, io, op, kind, cores, ubBytes, &plan, hyper.softcap > 0.0)) {
+    return ge::GRAPH_FAILED;
+  }
 
-  const double t = *temperature;
-  const double b = *beta;
   DistillCustomTilingData tiling;
   tiling.set_rows(plan.rows);
   tiling.set_vocab(plan.vocab);
   tiling.set_baseRows(plan.baseRows);
   tiling.set_remRows(plan.remRows);
   kldiv_host::SetLaunchFields(tiling, plan);
-  tiling.set_kind(kind);
   tiling.set_teacherGrad(teacherGrad ? 1U : 0U);
-  tiling.set_invTemperature(static_cast<float>(1.0 / t));
-  tiling.set_temperature(static_cast<float>(t));
-  tiling.set_tSquared(static_cast<float>(t * t));
-  tiling.set_beta(static_cast<float>(b));
-  tiling.set_logBeta(kind == distill_tiling::kJSD ? static_cast<float>(std::log(b)) : 0.0f);
-  tiling.set_log1mBeta(kind == distill_tiling::kJSD ? static_cast<float>(std::log1p(-b)) : 0.0f);
+  distill_hyper::Fill(hyper, kind, &tiling);
   return kldiv_host::SaveTiling(context, tiling, plan.usedCores, platform, 0);
 }
 
@@ -97,7 +107,7 @@ static graphStatus DistillCustomGradInferShape(gert::InferShapeContext* context)
   gert::Shape* dt = context->GetOutputShape(1);
   const gert::RuntimeAttrs* attrs = context->GetAttrs();
   if (s == nullptr || t == nullptr || ds == nullptr || dt == nullptr || attrs == nullptr) return GRAPH_FAILED;
-  const bool* teacherGrad = attrs->GetAttrPointer<bool>(2);
+  const bool* teacherGrad = attrs->GetAttrPointer<bool>(kAttrTeacherGrad);
   if (teacherGrad == nullptr) return GRAPH_FAILED;
   *ds = *s;
   if (*teacherGrad) {
@@ -118,6 +128,10 @@ template <typename Def>
 void DistillAttrs(Def* def) {
   def->Attr("temperature").AttrType(OPTIONAL).Float(1.0f);
   def->Attr("beta").AttrType(OPTIONAL).Float(0.0f);
+  def->Attr("divergence").AttrType(OPTIONAL).Int(0);
+  def->Attr("alpha").AttrType(OPTIONAL).Float(0.0f);
+  def->Attr("softcap").AttrType(OPTIONAL).Float(0.0f);
+  def->Attr("logit_scale").AttrType(OPTIONAL).Float(1.0f);
 }
 
 class DistillCustom : public OpDef {

@@ -15,6 +15,18 @@
 // Zero mass: an element whose own probability is 0 (a -inf logit) contributes exactly 0 to every term where it
 // is the weight, so those lanes are selected to 0 (their raw value is 0 * inf or NaN); where the weight is
 // positive and the other side's log is -inf the term is +inf, as the math says.
+//
+// The other divergences (kind >= kTvd; custom_ops/common/distill_math.h has every formula, `class_terms`) read the
+// row twice like the JSD and are written through the per-class term and a = P_s dD/dP_s, b = P_t dD/dP_t:
+//   loss = T^2 sum(term),  d/ds = c (a - P_s sum(a)),  d/dt = c (b - P_t sum(b))
+//   TVD        term = |P_s - P_t| / 2, a = P_s sgn(P_s - P_t) / 2, b = -P_t sgn(P_s - P_t) / 2
+//   skew KL    KL(P || M), P = P_t, Q = P_s, M = alpha P + (1 - alpha) Q; skew RKL the same with P = P_s, Q = P_t:
+//              P dD/dP = P (lp - log M) - alpha P^2 / M,  Q dD/dQ = -(1 - alpha) P Q / M  (both in log space)
+//   symmetric  alpha KL(P_t || P_s) + (1 - alpha) KL(P_s || P_t): a = -alpha P_t + (1 - alpha) P_s (ls - lt),
+//              b = alpha P_t (lt - ls) - (1 - alpha) P_s
+// The logits' transform (softcap > 0: z -> cap tanh(scale z / cap), else z -> scale z) is applied as the tiles
+// are loaded, before the temperature; the gradients of the raw logits are those of the transformed ones times its
+// slope, scale sech^2(scale z / cap) (SoftCapTile).
 #ifndef DISTILL_COMMON_H_
 #define DISTILL_COMMON_H_
 
@@ -34,7 +46,8 @@ using namespace tile_io;
 
 constexpr float kPosInf = __builtin_inff();
 
-// dst = float32(src) * invT: the scaled logits (Cast is exact for the half types).
+// dst = float32(src) * invT: the scaled logits (Cast is exact for the half types). invT: 1/T, with the logits'
+// scale folded in (or scale / cap, before the soft cap).
 template <typename T>
 __aicore__ inline void ScaledFloat(const LocalTensor<float>& dst, const LocalTensor<T>& src, float invT,
                                    uint32_t count) {
@@ -92,6 +105,65 @@ __aicore__ inline void LogMixture(const LocalTensor<float>& lm, const LocalTenso
   Add(lm, lm, w3, count);
 }
 
+// log(w_t P_t + w_s P_s) (lm) for the mixture weights' logs, any of them -inf (a weight of 0: the other model's
+// log-probability itself, so a class only that model rules out is -inf, not NaN); uses w2, w3.
+__aicore__ inline void LogMix(const LocalTensor<float>& lm, const LocalTensor<float>& ls, const LocalTensor<float>& lt,
+                              const LocalTensor<float>& w2, const LocalTensor<float>& w3, float logWt, float logWs,
+                              uint32_t count) {
+  if (logWt == kNegInf) {
+    Adds(lm, ls, logWs, count);
+  } else if (logWs == kNegInf) {
+    Adds(lm, lt, logWt, count);
+  } else {
+    LogMixture(lm, ls, lt, w2, w3, logWt, logWs, count);
+  }
+}
+
+// w = exp(lp + lx - lm) (P X / M of the skew divergences, in log space: exact where M is tiny), 0 where P has no
+// mass.
+__aicore__ inline void PowLanes(const LocalTensor<float>& w, const LocalTensor<float>& lp, const LocalTensor<float>& lx,
+                                const LocalTensor<float>& lm, const LocalTensor<uint8_t>& mask, uint32_t count) {
+  Add(w, lp, lx, count);
+  Sub(w, w, lm, count);
+  Exp(w, w, count);
+  ZeroWhereNoMass(w, lp, mask, count);
+}
+
+// sg = sgn(d): +1, -1, or 0 where d == 0 (the sign TVD's gradient takes; the subgradient 0 at a tie).
+__aicore__ inline void Sign(const LocalTensor<float>& sg, const LocalTensor<float>& d, const LocalTensor<uint8_t>& mask,
+                            uint32_t count) {
+  Duplicate(sg, 1.0f, count);
+  CompareScalar(mask, d, 0.0f, CMPMODE::GT, count);
+  Select(sg, mask, sg, -1.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, count);
+  CompareScalar(mask, d, 0.0f, CMPMODE::NE, count);
+  Select(sg, mask, sg, 0.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, count);
+}
+
+// The soft cap of a tile in place: x holds u = scale z / cap and becomes tanh(u) * post (post = cap / T). With
+// e = exp(-2|u|) (no overflow for any u), tanh|u| = (1 - e) / (1 + e), and tanh(u) = max(min(u, tanh|u|), -tanh|u|)
+// (|tanh u| <= |u|; the clamp keeps a tiny u itself, more accurate than 1 - e there). u = -inf (a padded entry)
+// becomes -post: capped logits are finite. With withSlope, slope = sech^2(u) = 4 e / (1 + e)^2, the cap's
+// derivative (times scale, which the caller folds into its gradient factor). e, w: temporaries.
+__aicore__ inline void SoftCapTile(const LocalTensor<float>& x, const LocalTensor<float>& e, const LocalTensor<float>& w,
+                                   float post, bool withSlope, const LocalTensor<float>& slope, uint32_t count) {
+  Abs(e, x, count);
+  Muls(e, e, -2.0f, count);
+  Exp(e, e, count);
+  Adds(w, e, 1.0f, count);  // 1 + e
+  if (withSlope) {
+    Mul(slope, w, w, count);
+    Div(slope, e, slope, count);
+    Muls(slope, slope, 4.0f, count);
+  }
+  Muls(e, e, -1.0f, count);
+  Adds(e, e, 1.0f, count);  // 1 - e
+  Div(e, e, w, count);      // tanh|u|
+  Min(x, x, e, count);
+  Muls(e, e, -1.0f, count);
+  Max(x, x, e, count);
+  Muls(x, x, post, count);
+}
+
 // Scalar reads of vector results: the scalar unit waits for the vector pipe.
 __aicore__ inline void VectorToScalar() {
   SetFlag<HardEvent::V_S>(0);
@@ -104,7 +176,8 @@ __aicore__ inline void ScalarToVector() {
 
 // What both kernels read the same way: the parameters of the tiling data they share, the core's rows, and two
 // [rows, V] logit tensors (the first and the second operand) walked row by row in vocabulary tiles through
-// double-buffered queues, into float32 tiles of the scaled logits.
+// double-buffered queues, into float32 tiles of the transformed logits divided by T. With a soft cap, the kernel
+// lends two work tiles for it (UseCapTemps) and, for a backward, the tiles to keep the slopes in (KeepSlopes).
 template <typename T>
 struct LogitTiles {
   template <typename TilingData>
@@ -112,8 +185,11 @@ struct LogitTiles {
     vocab = td.vocab;
     tile = td.tileLength;
     kind = td.kind;
-    invT = td.invTemperature;
+    preScale = td.preScale;
+    postScale = td.postScale;
+    softcap = td.softcap != 0;
     beta = td.beta;
+    alpha = td.alpha;
     logBeta = td.logBeta;
     log1mBeta = td.log1mBeta;
     distill_tiling::RowRange(td.baseRows, td.remRows, static_cast<uint32_t>(GetBlockIdx()), &rowStart, &rowCount);
@@ -149,14 +225,34 @@ struct LogitTiles {
     LoadToQueue(secondQue, secondGm, row * vocab + i * tile, Valid(i));
   }
 
-  // The oldest loaded tile's logits divided by T, in float32, into firstBuf / secondBuf; frees its queue buffers.
+  // Work tiles the soft cap may use (the kernel's, free whenever Scaled runs).
+  __aicore__ inline void UseCapTemps(const LocalTensor<float>& a, const LocalTensor<float>& b) {
+    capA = a;
+    capB = b;
+  }
+
+  // Where Scaled keeps the cap's slope of each operand's tile (a backward's; only with softcap).
+  __aicore__ inline void KeepSlopes(bool first, const LocalTensor<float>& firstSlope, bool second,
+                                    const LocalTensor<float>& secondSlope) {
+    slopeFirst = first;
+    slopeSecond = second;
+    firstSlopeT = firstSlope;
+    secondSlopeT = secondSlope;
+  }
+
+  // The oldest loaded tile's logits, transformed and divided by T, in float32, into firstBuf / secondBuf (and the
+  // slopes, KeepSlopes); frees its queue buffers.
   __aicore__ inline void Scaled(uint32_t count) {
     LocalTensor<T> fl = firstQue.template DeQue<T>();
     LocalTensor<T> sl = secondQue.template DeQue<T>();
-    ScaledFloat(First(), fl, invT, count);
-    ScaledFloat(Second(), sl, invT, count);
+    ScaledFloat(First(), fl, preScale, count);
+    ScaledFloat(Second(), sl, preScale, count);
     firstQue.FreeTensor(fl);
     secondQue.FreeTensor(sl);
+    if (softcap) {
+      SoftCapTile(First(), capA, capB, postScale, slopeFirst, firstSlopeT, count);
+      SoftCapTile(Second(), capA, capB, postScale, slopeSecond, secondSlopeT, count);
+    }
   }
 
   // The float32 tiles Scaled writes.
@@ -167,8 +263,12 @@ struct LogitTiles {
   TBuf<TPosition::VECCALC> firstBuf, secondBuf;
   GlobalTensor<T> firstGm, secondGm;
   uint64_t vocab = 0, rowStart = 0, rowCount = 0;
+  LocalTensor<float> capA, capB, firstSlopeT, secondSlopeT;
   uint32_t tile = 0, kind = 0;
-  float invT = 1.0f, beta = 0.0f, logBeta = 0.0f, log1mBeta = 0.0f;
+  bool softcap = false, slopeFirst = false, slopeSecond = false;
+  // preScale, postScale: the transform and 1/T (DistillCustomTilingData); logBeta, log1mBeta: the log-mixture's
+  // log w_t, log w_s (JSD and the skew divergences).
+  float preScale = 1.0f, postScale = 1.0f, beta = 0.0f, alpha = 0.0f, logBeta = 0.0f, log1mBeta = 0.0f;
 };
 
 }  // namespace distill_kernel

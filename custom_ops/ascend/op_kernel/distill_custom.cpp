@@ -14,10 +14,12 @@
 // accuracy.
 //
 // JSD (0 < beta < 1): log M needs both normalisers, so the row is read twice: pass 1 the online max and sum-exp
-// of both sides, pass 2 the two KL terms against M.
+// of both sides, pass 2 the two KL terms against M. The other divergences (TVD, skew KL, skew reverse KL,
+// symmetric KL; distill_common.h) read it twice the same way, pass 2 summing each class's term, a and b.
 //
 // Output: float32 stats [rows, 8]: loss (T^2 times the divergence), lse_student, lse_teacher, K1, K2, 0, 0, 0
-// (KL: K1 = K; JSD: K1 = K_s, K2 = K_t). lse and K are of the scaled logits, what the backward reads.
+// (KL: K1 = K; JSD: K1 = K_s, K2 = K_t; the other divergences: K1 = sum(a), K2 = sum(b)). lse and K are of the
+// scaled (transformed, then divided by T) logits, what the backward reads.
 #include "distill_common.h"
 
 using namespace AscendC;
@@ -36,7 +38,7 @@ class DistillForward {
     statsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(stats), td.rows * distill_tiling::kStatsStride);
     pipe_.InitBuffer(w1Buf_, in_.tile * sizeof(float));
     pipe_.InitBuffer(w2Buf_, in_.tile * sizeof(float));
-    if (in_.kind == distill_tiling::kJSD) pipe_.InitBuffer(w3Buf_, in_.tile * sizeof(float));
+    if (in_.kind >= distill_tiling::kJSD) pipe_.InitBuffer(w3Buf_, in_.tile * sizeof(float));
     pipe_.InitBuffer(maskBuf_, in_.tile / 8);
     pipe_.InitBuffer(workBuf_, (in_.tile / 32 + distill_tiling::kReduceWorkFixedFloats) * sizeof(float));
     pipe_.InitBuffer(scalarBuf_, distill_tiling::kScalarFloats * sizeof(float));
@@ -44,6 +46,7 @@ class DistillForward {
     mask_ = maskBuf_.Get<uint8_t>();
     work_ = workBuf_.Get<float>();
     sc_ = scalarBuf_.Get<float>();
+    in_.UseCapTemps(w1Buf_.Get<float>(), w2Buf_.Get<float>());
   }
 
   __aicore__ inline void Process() {
@@ -51,6 +54,8 @@ class DistillForward {
       const uint64_t row = in_.rowStart + r;
       if (in_.kind == distill_tiling::kJSD) {
         JsdRow(row);
+      } else if (in_.kind > distill_tiling::kJSD) {
+        MenuRow(row);
       } else {
         KlRow(row);
       }
@@ -59,7 +64,7 @@ class DistillForward {
 
  private:
   // Slots of scalarBuf_ (32 B apart, so every vector result starts a block).
-  static constexpr uint32_t kMaxA = 0, kMaxB = 8, kSumA = 16, kSumB = 24, kTerm = 32, kExp = 40;
+  static constexpr uint32_t kMaxA = 0, kMaxB = 8, kSumA = 16, kSumB = 24, kTerm = 32, kExp = 40, kExtra = 48;
 
   // Online max and sum-exp of both sides over one tile (and, for KL, the running B). Updates the members.
   __aicore__ inline void OnlineTile(uint32_t valid, uint32_t count, bool withTerm) {
@@ -185,6 +190,84 @@ class DistillForward {
       kt += sc_.GetValue(kSumB);
     }
     WriteStats(row, tSquared_ * (in_.beta * kt + (1.0f - in_.beta) * ks), lseS, lseT, ks, kt);
+  }
+
+  // The other divergences: pass 1 both normalisers (as the JSD), pass 2 the sums of each class's term, a and b.
+  __aicore__ inline void MenuRow(uint64_t row) {
+    const uint64_t tiles = distill_tiling::TileCount(in_.vocab, in_.tile);
+    OnlineRow(row, tiles, false);  // a = teacher, b = student
+    float lnT = 0.0f, lnS = 0.0f;
+    LogSums(&lnT, &lnS);
+    const float lseT = shiftA_ + lnT;
+    const float lseS = shiftB_ + lnS;
+
+    LocalTensor<float> lt = in_.First();
+    LocalTensor<float> ls = in_.Second();
+    float total = 0.0f, sumA = 0.0f, sumB = 0.0f;
+    in_.Prefetch(row, 0, tiles);
+    for (uint64_t i = 0; i < tiles; ++i) {
+      const uint32_t valid = in_.Next(row, i, tiles);
+      const uint32_t count = distill_tiling::ComputeCount(valid);
+      Adds(lt, lt, -lseT, count);
+      Adds(ls, ls, -lseS, count);
+      MenuTile(ls, lt, valid, count, &total, &sumA, &sumB);
+    }
+    WriteStats(row, tSquared_ * total, lseS, lseT, sumA, sumB);
+  }
+
+  // One tile's sums of the class terms, a and b (distill_common.h) added to *total, *sumA, *sumB. ls, lt: the
+  // log-probabilities (clobbered).
+  __aicore__ inline void MenuTile(const LocalTensor<float>& ls, const LocalTensor<float>& lt, uint32_t valid,
+                                  uint32_t count, float* total, float* sumA, float* sumB) {
+    LocalTensor<float> w1 = w1Buf_.Get<float>();
+    LocalTensor<float> w2 = w2Buf_.Get<float>();
+    LocalTensor<float> w3 = w3Buf_.Get<float>();
+    const float alpha = in_.alpha;
+    if (in_.kind == distill_tiling::kTvd) {
+      Exp(w1, ls, count);   // P_s
+      Exp(w2, lt, count);   // P_t
+      Sub(ls, w1, w2, count);
+      Sign(w3, ls, mask_, count);
+      Abs(lt, ls, count);
+      ReduceSum(sc_[kTerm], lt, work_, valid);
+      Mul(ls, w1, w3, count);
+      ReduceSum(sc_[kSumA], ls, work_, valid);
+      Mul(lt, w2, w3, count);
+      ReduceSum(sc_[kSumB], lt, work_, valid);
+      VectorToScalar();
+      *total += 0.5f * sc_.GetValue(kTerm);
+      *sumA += 0.5f * sc_.GetValue(kSumA);
+      *sumB -= 0.5f * sc_.GetValue(kSumB);
+    } else if (in_.kind == distill_tiling::kSymmetric) {
+      KlLanes(w1, w2, lt, ls, 0.0f, mask_, count);  // P_t (lt - ls), P_t
+      ReduceSum(sc_[kTerm], w1, work_, valid);
+      ReduceSum(sc_[kSumB], w2, work_, valid);
+      KlLanes(w1, w3, ls, lt, 0.0f, mask_, count);  // P_s (ls - lt), P_s
+      ReduceSum(sc_[kSumA], w1, work_, valid);
+      ReduceSum(sc_[kExtra], w3, work_, valid);
+      VectorToScalar();
+      const float fwd = sc_.GetValue(kTerm), rev = sc_.GetValue(kSumA);
+      *total += alpha * fwd + (1.0f - alpha) * rev;
+      *sumA += (1.0f - alpha) * rev - alpha * sc_.GetValue(kSumB);
+      *sumB += alpha * fwd - (1.0f - alpha) * sc_.GetValue(kExtra);
+    } else {  // skew KL (P = P_t) / skew reverse KL (P = P_s) against M = alpha P + (1 - alpha) Q
+      const bool tWeighs = in_.kind == distill_tiling::kSkewKl;
+      const LocalTensor<float>& lp = tWeighs ? lt : ls;
+      const LocalTensor<float>& lq = tWeighs ? ls : lt;
+      LogMix(w1, ls, lt, w2, w3, in_.logBeta, in_.log1mBeta, count);  // log M
+      KlLanes(w3, w2, lp, w1, 0.0f, mask_, count);                     // P (lp - log M)
+      ReduceSum(sc_[kTerm], w3, work_, valid);
+      PowLanes(w2, lp, lq, w1, mask_, count);  // P Q / M
+      ReduceSum(sc_[kSumA], w2, work_, valid);
+      PowLanes(w2, lp, lp, w1, mask_, count);  // P^2 / M
+      ReduceSum(sc_[kSumB], w2, work_, valid);
+      VectorToScalar();
+      const float kl = sc_.GetValue(kTerm);
+      const float dp = kl - alpha * sc_.GetValue(kSumB), dq = -(1.0f - alpha) * sc_.GetValue(kSumA);
+      *total += kl;
+      *sumA += tWeighs ? dq : dp;
+      *sumB += tWeighs ? dp : dq;
+    }
   }
 
   __aicore__ inline void WriteStats(uint64_t row, float loss, float lseS, float lseT, float k1, float k2) {

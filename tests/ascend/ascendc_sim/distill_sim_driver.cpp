@@ -12,6 +12,7 @@
 #define ASIM_TILING_TYPE DistillCustomTilingData
 #include "kernel_operator.h"
 #include "../../../custom_ops/ascend/op_host/distill_custom_tiling.h"
+#include "../../../custom_ops/ascend/op_host/distill_hyper.h"
 using optiling::DistillCustomTilingData;
 
 #include "../../../custom_ops/ascend/op_kernel/distill_custom.cpp"
@@ -23,26 +24,23 @@ std::atomic<uint32_t> g_maxUbUsed{0};
 std::mutex g_errorLock;
 std::string g_error;
 
-// What DistillTilingCommon (op_host/distill_custom.cpp) computes, minus the CANN context plumbing.
-bool FillTiling(uint64_t rows, uint64_t vocab, float temperature, float beta, uint32_t op, uint32_t cores,
+// What DistillTilingCommon (op_host/distill_custom.cpp) computes, minus the CANN context plumbing: the same
+// distill_hyper.h fills the attributes' fields.
+bool FillTiling(uint64_t rows, uint64_t vocab, const distill_hyper::Attrs& attrs, uint32_t op, uint32_t cores,
                 uint32_t ub, DistillCustomTilingData* td, distill_tiling::Plan* plan) {
-  const uint32_t kind = distill_tiling::KindOfBeta(beta);
-  if (!distill_tiling::MakePlan(rows, vocab, sizeof(DTYPE_STUDENT), op, kind, cores, ub, plan)) return false;
-  const double t = temperature, b = beta;
+  const uint32_t kind = distill_hyper::Validate(attrs);
+  if (kind > distill_tiling::kSymmetric) return false;
+  if (!distill_tiling::MakePlan(rows, vocab, sizeof(DTYPE_STUDENT), op, kind, cores, ub, plan, attrs.softcap > 0.0)) {
+    return false;
+  }
   td->set_rows(plan->rows);
   td->set_vocab(plan->vocab);
   td->set_baseRows(plan->baseRows);
   td->set_remRows(plan->remRows);
   td->set_usedCores(plan->usedCores);
   td->set_tileLength(plan->tileLength);
-  td->set_kind(kind);
   td->set_teacherGrad(op == distill_tiling::kBackwardBoth ? 1U : 0U);
-  td->set_invTemperature(static_cast<float>(1.0 / t));
-  td->set_temperature(static_cast<float>(t));
-  td->set_tSquared(static_cast<float>(t * t));
-  td->set_beta(static_cast<float>(b));
-  td->set_logBeta(kind == distill_tiling::kJSD ? static_cast<float>(std::log(b)) : 0.0f);
-  td->set_log1mBeta(kind == distill_tiling::kJSD ? static_cast<float>(std::log1p(-b)) : 0.0f);
+  distill_hyper::Fill(attrs, kind, td);
   return true;
 }
 
@@ -88,11 +86,13 @@ const char* distill_sim_error() { return g_error.c_str(); }
 uint32_t distill_sim_max_ub_used() { return g_maxUbUsed.load(); }
 
 // stats: float32 [rows, 8]. Returns 0, 1 (tiling refused) or 2 (a stand-in constraint was violated).
-int distill_sim_forward(const void* s, const void* t, float* stats, uint64_t rows, uint64_t vocab, float temperature,
-                        float beta, uint32_t cores, uint32_t ub) {
+// hyper: temperature, beta, divergence code, alpha, softcap, logit_scale (the operators' attributes).
+int distill_sim_forward(const void* s, const void* t, float* stats, uint64_t rows, uint64_t vocab, const double* hyper,
+                        uint32_t cores, uint32_t ub) {
   DistillCustomTilingData td{};
   distill_tiling::Plan plan{};
-  if (!FillTiling(rows, vocab, temperature, beta, distill_tiling::kForward, cores, ub, &td, &plan)) return 1;
+  const distill_hyper::Attrs attrs{hyper[0], hyper[1], static_cast<int64_t>(hyper[2]), hyper[3], hyper[4], hyper[5]};
+  if (!FillTiling(rows, vocab, attrs, distill_tiling::kForward, cores, ub, &td, &plan)) return 1;
   const size_t n = rows * vocab * sizeof(DTYPE_STUDENT), ns = rows * distill_tiling::kStatsStride * sizeof(float);
   AlignedGm gs(n), gt(n), gst(ns);
   std::memcpy(gs.p, s, n);
@@ -107,12 +107,13 @@ int distill_sim_forward(const void* s, const void* t, float* stats, uint64_t row
 }
 
 int distill_sim_backward(const void* s, const void* t, const float* stats, const float* dloss, void* ds, void* dt,
-                         uint64_t rows, uint64_t vocab, float temperature, float beta, int teacherGrad, uint32_t cores,
+                         uint64_t rows, uint64_t vocab, const double* hyper, int teacherGrad, uint32_t cores,
                          uint32_t ub) {
   DistillCustomTilingData td{};
   distill_tiling::Plan plan{};
   const uint32_t op = teacherGrad ? distill_tiling::kBackwardBoth : distill_tiling::kBackwardStudent;
-  if (!FillTiling(rows, vocab, temperature, beta, op, cores, ub, &td, &plan)) return 1;
+  const distill_hyper::Attrs attrs{hyper[0], hyper[1], static_cast<int64_t>(hyper[2]), hyper[3], hyper[4], hyper[5]};
+  if (!FillTiling(rows, vocab, attrs, op, cores, ub, &td, &plan)) return 1;
   const size_t n = rows * vocab * sizeof(DTYPE_STUDENT), ns = rows * distill_tiling::kStatsStride * sizeof(float);
   AlignedGm gs(n), gt(n), gst(ns), gg(rows * sizeof(float)), gds(n), gdt(teacherGrad ? n : 0);
   std::memcpy(gs.p, s, n);
@@ -135,9 +136,9 @@ int distill_sim_backward(const void* s, const void* t, const float* stats, const
 
 // The plan: out[0..6] = rows, vocab, usedCores, tileLength, baseRows, remRows, ubBytesUsed.
 int distill_make_plan(uint64_t rows, uint64_t vocab, uint32_t io, uint32_t op, uint32_t kind, uint32_t cores,
-                      uint32_t ub, uint64_t* out) {
+                      uint32_t ub, int softcap, uint64_t* out) {
   distill_tiling::Plan p{};
-  if (!distill_tiling::MakePlan(rows, vocab, io, op, kind, cores, ub, &p)) return 1;
+  if (!distill_tiling::MakePlan(rows, vocab, io, op, kind, cores, ub, &p, softcap != 0)) return 1;
   const uint64_t v[] = {p.rows, p.vocab, p.usedCores, p.tileLength, p.baseRows, p.remRows, p.ubBytesUsed};
   std::copy(v, v + 7, out);
   return 0;
@@ -148,6 +149,7 @@ void distill_row_range(uint64_t baseRows, uint32_t remRows, uint32_t core, uint6
 uint64_t distill_tile_count(uint64_t vocab, uint32_t tile) { return distill_tiling::TileCount(vocab, tile); }
 uint32_t distill_compute_count(uint32_t valid) { return distill_tiling::ComputeCount(valid); }
 uint32_t distill_kind_of_beta(float beta) { return distill_tiling::KindOfBeta(beta); }
+uint32_t distill_kind_of(float beta, uint32_t code) { return distill_tiling::KindOf(beta, code); }
 uint32_t distill_const(int which) {
   switch (which) {
     case 0: return distill_tiling::kTileAlign;

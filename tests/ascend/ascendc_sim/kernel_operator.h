@@ -365,6 +365,7 @@ void Select(const LocalTensor<T>& dst, const LocalTensor<U>& selMask, const Loca
   }
 ASIM_UNARY(Ln, std::log(v))
 ASIM_UNARY(Exp, std::exp(v))
+ASIM_UNARY(Abs, std::fabs(v))
 
 #define ASIM_BINARY(NAME, EXPR)                                                                             \
   template <typename T>                                                                                     \
@@ -382,6 +383,7 @@ ASIM_UNARY(Exp, std::exp(v))
 ASIM_BINARY(Add, a + b)
 ASIM_BINARY(Sub, a - b)
 ASIM_BINARY(Mul, a * b)
+ASIM_BINARY(Div, a / b)
 // vmax/vmin: the result for a NaN operand is hardware-defined; the kernels never rely on it.
 ASIM_BINARY(Max, a > b ? a : b)
 ASIM_BINARY(Min, a < b ? a : b)
