@@ -54,7 +54,8 @@ def transformed(z, variant):
         z = z * ops.cast(_f64(variant.logit_scale), z.dtype)
     if variant.softcap > 0:
         cap = ops.cast(_f64(variant.softcap), z.dtype)
-        z = cap * ops.tanh(z / cap)
+        # a masked class (-inf) stays masked: cap * tanh(-inf) would give it the finite logit -cap
+        z = ops.where(z == _NEG_INF, z, cap * ops.tanh(ops.where(z == _NEG_INF, 0.0, z) / cap))
     return z
 
 
@@ -109,13 +110,21 @@ def log_mixture(log_ps, log_pt, log_w_t, log_w_s):
     return ops.where(both, _NEG_INF, m + ops.log(ops.exp(x - m) + ops.exp(y - m)))
 
 
-def _log_mix(log_ps, log_pt, w_t, w_s):
-    """log(w_t P_t + w_s P_s) for Python weights (log_mixture with their logs; a weight of 0 drops its model)."""
+@constexpr
+def _pair(w):
+    """(w, 1 - w, log w, log(1 - w)) as float64 0-d tensors, computed in Python: graph mode would do the arithmetic
+    in float32 (then w + (1 - w) != 1 in float64, and a model compared with itself is not exactly 0)."""
+    logs = (math.log(w) if w > 0 else -math.inf, math.log1p(-w) if w < 1 else -math.inf)
+    return tuple(ms.Tensor(v, ms.float64) for v in (w, 1.0 - w) + logs)
+
+
+def _log_mix(log_ps, log_pt, w_t):
+    """log(w_t P_t + (1 - w_t) P_s) for a Python weight (log_mixture; a weight of 0 or 1 drops a model)."""
     if w_t == 0:
         return log_ps
-    if w_s == 0:
+    if w_t == 1:
         return log_pt
-    log_w_t, log_w_s = [ops.cast(_f64(v), log_ps.dtype) for v in (math.log(w_t), math.log(w_s))]
+    _, _, log_w_t, log_w_s = [ops.cast(v, log_ps.dtype) for v in _pair(w_t)]
     return log_mixture(log_ps, log_pt, log_w_t, log_w_s)
 
 
@@ -132,9 +141,10 @@ def _pairwise(log_ps, log_pt, ps, pt, beta, variant):
         a = _pointwise_kl(log_pt, log_ps)
         return a, a, -ps
     if kind == "kl":
-        log_m = _log_mix(log_ps, log_pt, beta, 1.0 - beta)
-        a = ops.cast(_f64(1.0 - beta), dt) * _pointwise_kl(log_m, log_ps)
-        b = ops.cast(_f64(beta), dt) * _pointwise_kl(log_m, log_pt)
+        w_t, w_s = [ops.cast(v, dt) for v in _pair(beta)[:2]]
+        log_m = _log_mix(log_ps, log_pt, beta)
+        a = w_s * _pointwise_kl(log_m, log_ps)
+        b = w_t * _pointwise_kl(log_m, log_pt)
         return a + b, a, b
     if kind == "tvd":
         sign = ops.sign(ps - pt)
@@ -142,20 +152,20 @@ def _pairwise(log_ps, log_pt, ps, pt, beta, variant):
     if kind in ("skew_kl", "skew_rkl"):
         t_weighs = kind == "skew_kl"
         lp, lq, p = (log_pt, log_ps, pt) if t_weighs else (log_ps, log_pt, ps)
-        w_p, w_q = alpha, 1.0 - alpha
-        log_m = _log_mix(lq, lp, w_p, w_q)  # w_p P + w_q Q
+        w_p, w_q = [ops.cast(v, dt) for v in _pair(alpha)[:2]]
+        log_m = _log_mix(lq, lp, alpha)  # alpha P + (1 - alpha) Q
         kl = _pointwise_kl(log_m, lp)
         has = p > 0
         safe_m = ops.where(has, log_m, 0.0)
         pq = ops.where(has, ops.exp(ops.where(has, lp + lq, 0.0) - safe_m), 0.0)
         pp = ops.where(has, ops.exp(ops.where(has, lp + lp, 0.0) - safe_m), 0.0)
-        da_p = kl - ops.cast(_f64(w_p), dt) * pp
-        da_q = -ops.cast(_f64(w_q), dt) * pq
+        da_p = kl - w_p * pp
+        da_q = -w_q * pq
         return (kl, da_q, da_p) if t_weighs else (kl, da_p, da_q)
     # symmetric_kl
     fwd = _pointwise_kl(log_ps, log_pt)
     rev = _pointwise_kl(log_pt, log_ps)
-    w_f, w_r = ops.cast(_f64(alpha), dt), ops.cast(_f64(1.0 - alpha), dt)
+    w_f, w_r = [ops.cast(v, dt) for v in _pair(alpha)[:2]]
     return w_f * fwd + w_r * rev, -w_f * pt + w_r * rev, w_f * fwd - w_r * ps
 
 

@@ -109,9 +109,10 @@ def log_softmax(z):
 
 def transformed(z, softcap=0.0, logit_scale=1.0):
     """Logits as a distillation loss sees them: z * logit_scale, then cap * tanh(. / cap) when softcap > 0 (Gemma's
-    final_logit_softcapping, Cohere's logit_scale)."""
+    final_logit_softcapping, Cohere's logit_scale); -inf (a masked class) stays -inf."""
     z = np.asarray(z, np.float64) * logit_scale
-    return softcap * np.tanh(z / softcap) if softcap > 0 else z
+    # a masked class (-inf) stays masked
+    return np.where(z == -np.inf, z, softcap * np.tanh(z / softcap)) if softcap > 0 else z
 
 
 def distillation_pointwise(student_logits, teacher_logits, temperature=1.0, beta=0.0, divergence="kl", alpha=0.0,

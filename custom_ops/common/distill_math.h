@@ -220,8 +220,8 @@ DISTILL_HD void class_terms(int kind, C log_ps, C log_pt, const Mix<C> &m, C *te
   }
 }
 
-// The logits' transform applied to both models before the temperature: z -> cap tanh(scale z / cap) (cap > 0), or
-// scale z without a cap; slope is its derivative, which scales the gradients of the raw logits.
+// The logits' transform applied to both models before the temperature: z -> cap tanh(scale z / cap) (cap > 0, -inf
+// kept), or scale z without a cap; slope is its derivative, which scales the gradients of the raw logits.
 struct Transform {
   float scale, cap, inv_cap;
   bool active;
@@ -236,8 +236,10 @@ DISTILL_HD Transform transform_of(double scale, double cap) {
   return f;
 }
 
+// A masked class (-inf) stays masked: cap tanh(-inf) would give it the finite logit -cap (its slope is 0 there).
 DISTILL_HD float transform_apply(const Transform &f, float z) {
-  return f.cap > 0.0f ? f.cap * tanhf(f.scale * z * f.inv_cap) : f.scale * z;
+  if (!(f.cap > 0.0f)) return f.scale * z;
+  return z == -INFINITY ? z : f.cap * tanhf(f.scale * z * f.inv_cap);
 }
 
 DISTILL_HD float transform_slope(const Transform &f, float z) {

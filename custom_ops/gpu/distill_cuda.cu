@@ -74,7 +74,7 @@ __device__ __forceinline__ float value(const Transform &f, float z) {
 __device__ __forceinline__ void apply_and_slope(const Transform &f, float z, float *x, float *slope) {
   if (f.cap > 0.0f) {
     const float th = tanhf(f.scale * z * f.inv_cap);
-    *x = f.cap * th;
+    *x = z == -INFINITY ? z : f.cap * th;  // a masked class stays masked (transform_apply)
     *slope = f.scale * (1.0f - th * th);
   } else {
     *x = f.scale * z;
