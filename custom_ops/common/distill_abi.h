@@ -2,8 +2,8 @@
 // called by ms_kldiv/backends/distill.py through ops.Custom(func_type="aot"). Math: distill_math.h.
 //
 // Logits s (student) and t (teacher): one shape [..., V] (rank >= 1; rows = product of the leading dims), one
-// dtype D in {"float32", "float16", "bfloat16"} (float64 goes to the composite path); hyper: float64 [2] =
-// (temperature, beta). Statistics: float32 [..., 8] (distill::Stat: row loss T^2 D, lse of the student's and the
+// dtype D in {"float32", "float16", "bfloat16"} (float64 goes to the composite path); hyper: float64 [6] =
+// (temperature, beta, divergence code, alpha, soft cap (0: none), logit scale) (ms_kldiv._distill_math.hyper). Statistics: float32 [..., 8] (distill::Stat: row loss T^2 D, lse of the student's and the
 // teacher's scaled logits, sum(a), sum(b), 3 unused).
 //   DistillFwd         nparam 4: s, t, hyper, stats (out)
 //   DistillBwd         nparam 7: s, t, hyper, stats, dloss (float32 [...]), d_student (out, D), d_teacher (out, D)
