@@ -1,7 +1,7 @@
 """Command line: ``python -m ms_kldiv.bench [--sizes 4K,1M] [--dtypes float32] [--reductions sum]
 [--modes fwd,grad] [--rows aot,ops_jit,...] [--no-torch] [--no-context] [--json PATH] [--plot PATH]``;
 ``python -m ms_kldiv.bench fused-linear ...`` benchmarks the chunked distillation head, ``... distill ...`` the
-fused distillation kernels (``--help`` after either)."""
+fused distillation kernels, ``... sparse ...`` the stored-teacher loss (``--help`` after any)."""
 import importlib
 import argparse
 import os
@@ -36,7 +36,7 @@ def _quiet_recompile_warnings():
 #: Callables run before the rows are listed or timed (the study tool in benchmarks/ adds its rows here).
 EXTRA_ROWS = []
 #: Subcommands: modules of this package with a main(argv).
-SUBCOMMANDS = {"fused-linear": "fused_linear", "distill": "distill"}
+SUBCOMMANDS = {"fused-linear": "fused_linear", "distill": "distill", "sparse": "sparse"}
 
 
 def main(argv=None):
