@@ -125,6 +125,50 @@ def test_menu_kernels_against_float64(dtype, name):
     _check(sim, s, t, 2.0, beta, v, g, cores=4, what=f"{dtype} {name}")
 
 
+@pytest.mark.parametrize("beta, divergence", [(0.0, "kl"), (0.5, "kl"), (0.0, "tvd")])
+def test_menu_softcap_keeps_padding_masked(beta, divergence):
+    """Soft cap 3 with -inf vocabulary padding in both models (scattered, a whole last tile and more, a whole first
+    tile): the cap keeps -inf at -inf (custom_ops/common/distill_math.h transform_apply), so the padded classes
+    contribute exactly 0 (the loss is the float64 reference's, and that of the rows without those columns) and get
+    exact 0 gradients. The old kernels mapped -inf to the finite -cap: mass for classes that have none."""
+    sim = _sim("float32")
+    v = V(divergence, 0.0, 3.0, 1.0)
+    kind = sim.kind_of(beta, v)
+    tile = sim.plan(4, 1 << 20, 4, distill_sim.FORWARD, kind, softcap=True)["tile_length"]
+    vocab = 2 * tile + 77
+    rng = np.random.default_rng(21)
+    s = (rng.standard_normal((4, vocab)) * 3).astype(np.float32)
+    t = (rng.standard_normal((4, vocab)) * 3 + 0.5).astype(np.float32)
+    pad = np.zeros((4, vocab), bool)
+    pad[0, ::7] = True                    # scattered
+    pad[1, -(tile + 77):] = True          # the ragged last tile and the end of the one before
+    pad[2, :tile] = True                  # a whole first tile: the running shifts start at 0
+    s[pad] = t[pad] = -np.inf
+    temperature, g = 2.0, np.array([1.0, 0.7, 1.3, 0.9], np.float32)
+
+    stats = sim.forward(s, t, temperature, beta, cores=3, variant=v)
+    loss = stats[:, 0].astype(np.float64)
+    pointwise = _pointwise(s, t, temperature, beta, v)
+    assert (pointwise[pad] == 0).all()
+    exp = pointwise.sum(-1)
+    np.testing.assert_allclose(loss, exp, rtol=2e-6, atol=1e-7, err_msg=str(v))
+    for r in range(4):  # the row without its padded columns: the same loss
+        keep = ~pad[r]
+        alone = sim.forward(s[r:r + 1, keep], t[r:r + 1, keep], temperature, beta, cores=1, variant=v)
+        np.testing.assert_allclose(stats[r, 0], alone[0, 0], rtol=2e-6, atol=1e-7, err_msg=f"{v} row {r}")
+    # what -inf -> -cap would have given (padding as a very negative finite logit): far off
+    old = _pointwise(np.where(pad, -1e30, s), np.where(pad, -1e30, t), temperature, beta, v).sum(-1)
+    assert (np.abs(old[:3] - exp[:3]) > 1e-3 * np.abs(exp[:3]) + 1e-4).all(), (old, exp)
+
+    ds, dt = sim.backward(s, t, stats, g, temperature, beta, teacher_grad=True, cores=3, variant=v)
+    assert (ds[pad] == 0).all() and (dt[pad] == 0).all(), str(v)
+    eds, edt = distill_sim.reference_variant_grads_f64(s, t, temperature, beta, v, g)
+    assert (eds[pad] == 0).all() and (edt[pad] == 0).all()
+    scale = max(np.abs(eds).max(), np.abs(edt).max())
+    np.testing.assert_allclose(ds, eds, rtol=1e-4, atol=1e-5 * scale, err_msg=f"{v} d_student")
+    np.testing.assert_allclose(dt, edt, rtol=1e-4, atol=1e-5 * scale, err_msg=f"{v} d_teacher")
+
+
 def test_menu_large_logits_small_temperature():
     """|z| ~ 1e3 and T = 0.25 without a cap (scale 2): no overflow, finite stats; with a cap of 3 every logit is
     within 3, however large."""

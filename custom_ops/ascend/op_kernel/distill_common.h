@@ -24,9 +24,9 @@
 //              P dD/dP = P (lp - log M) - alpha P^2 / M,  Q dD/dQ = -(1 - alpha) P Q / M  (both in log space)
 //   symmetric  alpha KL(P_t || P_s) + (1 - alpha) KL(P_s || P_t): a = -alpha P_t + (1 - alpha) P_s (ls - lt),
 //              b = alpha P_t (lt - ls) - (1 - alpha) P_s
-// The logits' transform (softcap > 0: z -> cap tanh(scale z / cap), else z -> scale z) is applied as the tiles
-// are loaded, before the temperature; the gradients of the raw logits are those of the transformed ones times its
-// slope, scale sech^2(scale z / cap) (SoftCapTile).
+// The logits' transform (softcap > 0: z -> cap tanh(scale z / cap), -inf kept, else z -> scale z) is applied as
+// the tiles are loaded, before the temperature; the gradients of the raw logits are those of the transformed ones
+// times its slope, scale sech^2(scale z / cap) (SoftCapTile).
 #ifndef DISTILL_COMMON_H_
 #define DISTILL_COMMON_H_
 
@@ -45,6 +45,7 @@ using namespace AscendC;
 using namespace tile_io;
 
 constexpr float kPosInf = __builtin_inff();
+constexpr float kFloatMax = 3.40282346638528859812e+38f;  // FLT_MAX
 
 // dst = float32(src) * invT: the scaled logits (Cast is exact for the half types). invT: 1/T, with the logits'
 // scale folded in (or scale / cap, before the soft cap).
@@ -141,9 +142,12 @@ __aicore__ inline void Sign(const LocalTensor<float>& sg, const LocalTensor<floa
 
 // The soft cap of a tile in place: x holds u = scale z / cap and becomes tanh(u) * post (post = cap / T). With
 // e = exp(-2|u|) (no overflow for any u), tanh|u| = (1 - e) / (1 + e), and tanh(u) = max(min(u, tanh|u|), -tanh|u|)
-// (|tanh u| <= |u|; the clamp keeps a tiny u itself, more accurate than 1 - e there). u = -inf (a padded entry)
-// becomes -post: capped logits are finite. With withSlope, slope = sech^2(u) = 4 e / (1 + e)^2, the cap's
-// derivative (times scale, which the caller folds into its gradient factor). e, w: temporaries.
+// (|tanh u| <= |u|; the clamp keeps a tiny u itself, more accurate than 1 - e there). u = -inf (a padded entry,
+// a masked class) stays -inf, as in distill_math.h transform_apply: the clamp alone would give -post, mass for a
+// class that has none. So m = u - max(u, -FLT_MAX) (exactly 0 for a finite u, -inf for u = -inf; no Compare /
+// Select, so no mask tile) is added back after the clamp: finite lanes are unchanged (x + 0), -post + -inf = -inf.
+// With withSlope, slope = sech^2(u) = 4 e / (1 + e)^2, the cap's derivative (times scale, which the caller folds
+// into its gradient factor); 0 at u = -inf (e = 0), so a masked class's gradient stays 0. e, w: temporaries.
 __aicore__ inline void SoftCapTile(const LocalTensor<float>& x, const LocalTensor<float>& e, const LocalTensor<float>& w,
                                    float post, bool withSlope, const LocalTensor<float>& slope, uint32_t count) {
   Abs(e, x, count);
@@ -158,10 +162,14 @@ __aicore__ inline void SoftCapTile(const LocalTensor<float>& x, const LocalTenso
   Muls(e, e, -1.0f, count);
   Adds(e, e, 1.0f, count);  // 1 - e
   Div(e, e, w, count);      // tanh|u|
+  Duplicate(w, -kFloatMax, count);
+  Max(w, x, w, count);
+  Sub(w, x, w, count);      // m: 0, or -inf where u = -inf
   Min(x, x, e, count);
   Muls(e, e, -1.0f, count);
   Max(x, x, e, count);
   Muls(x, x, post, count);
+  Add(x, x, w, count);      // -inf stays -inf
 }
 
 // Scalar reads of vector results: the scalar unit waits for the vector pipe.
