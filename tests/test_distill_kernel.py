@@ -81,7 +81,7 @@ def test_auto_uses_the_fused_kernels_on_cpu():
     assert not rows["akg"]["available"] and "does not implement distillation" in rows["akg"]["reason"]
     assert isinstance(get_distill_kernels("auto", "CPU")[1], distill.AotDistillKernels)
     assert get_distill_kernels("composite", "CPU")[0] == "composite"
-    assert {r["op"] for r in ms_kldiv.backend_info("CPU", op=None)} == {"kl_div", "distillation"}
+    assert {r["op"] for r in ms_kldiv.backend_info("CPU", op=None)} == {"kl_div", "distillation", "sparse_distillation"}
 
 
 @pytest.mark.parametrize("mode", MODES)
