@@ -34,7 +34,8 @@ _NEG_INF = float("-inf")
 _pointwise_kl = _math.pointwise(True).loss  # p (log p - log q) for (log q, log p), exactly 0 where p is 0
 _row_max = ops.ReduceMax(keep_dims=True)
 _row_sum = ops.ReduceSum(keep_dims=True)
-# primitives: the ops.zeros_like / ones_like wrappers fail to compile inside a bprop in graph mode ("func graph is empty")
+# primitives: the ops.zeros_like / ones_like wrappers fail to compile inside a bprop in graph mode
+# ("func graph is empty")
 _zeros_like = ops.ZerosLike()
 _ones_like = ops.OnesLike()
 

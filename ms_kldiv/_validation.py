@@ -202,7 +202,7 @@ def check_stored_options(mode, teacher_temperature, beta, name):
 
 
 def _known(d):
-    return d is not None and d >= 0
+    return _dim(d) is not None
 
 
 @constexpr

@@ -14,7 +14,7 @@ from mindspore.ops import constexpr
 
 from . import _validation
 from ._distill_math import KL, _pairwise, constants, log_mixture, log_softmax_plain, transformed
-from .backends import _device_target_const, _warn_once, check_name_const, compiled, distill, get_distill_kernels
+from .backends import _device_target_const, check_name_const, compiled, distill, get_distill_kernels
 from .functional import kl_div
 from .reference import DISTILL_REDUCTIONS
 
@@ -106,19 +106,8 @@ def _divergence(log_p_student, log_p_teacher, beta, reduction, backend, variant=
 @functools.lru_cache(maxsize=None)
 def _fused_rows(backend, device, temperature, beta, graph, variant=KL):
     """(dtypes the kernels take, their per-row loss op) for these settings: the distillation kernels that the
-    registry picks for ``backend`` on ``device`` (RuntimeError when that backend cannot run them there). Kernels
-    that cannot compute ``variant`` (a divergence or logits transform they lack) give way to the composite ones
-    under 'auto' (saying so once) and are an error when named."""
-    name, kernels = get_distill_kernels(backend, device)
-    reason = kernels.unsupported(variant)
-    if reason is not None:
-        if backend != "auto":
-            raise RuntimeError(f"For 'distillation_loss', backend {backend!r} cannot compute "
-                               f"divergence={variant.divergence!r} with softcap={variant.softcap}, "
-                               f"logit_scale={variant.logit_scale} on {device}: {reason}.")
-        _warn_once((device, "distillation", name, variant), f"ms_kldiv: backend 'auto' runs {variant} on {device} "
-                   f"with 'composite' because '{name}' cannot ({reason})")
-        _, kernels = get_distill_kernels("composite", device)
+    registry picks for ``backend`` on ``device`` for ``variant`` (RuntimeError when that backend cannot run them)."""
+    _, kernels = get_distill_kernels(backend, device, variant, _NAME)
     return kernels.dtypes, distill.rows_op(kernels, temperature, beta, split=graph, variant=variant)
 
 

@@ -496,16 +496,9 @@ def _stored_options_error(mode, teacher_temperature, beta, variant):
 
 
 def _kernels_for(backend, variant):
-    """(backend chosen, its distillation kernels) for ``variant``; a bad ``backend=`` is named for this Cell, and
-    kernels that cannot compute the variant give way to the composite ones under 'auto'."""
+    """(backend chosen, its distillation kernels for ``variant``); a bad ``backend=`` is named for this Cell."""
     check_name(backend, _NAME)
-    name, kernels = get_distill_kernels(backend)
-    reason = kernels.unsupported(variant)
-    if reason is None:
-        return name, kernels
-    if backend != "auto":
-        raise RuntimeError(f"For '{_NAME}', backend {backend!r} cannot compute {variant}: {reason}.")
-    return get_distill_kernels("composite")
+    return get_distill_kernels(backend, variant=variant, caller=_NAME)
 
 
 def _check_label_range(labels, vocab, ignore_index):

@@ -17,21 +17,13 @@ void task(void *ctx, int chunk, int nchunks) {
   kldiv::cpu::active_table()->distill_rows(&j, j.rows * chunk / nchunks, j.rows * (chunk + 1) / nchunks);
 }
 
-int parse_dtype(const char *s) {
-  if (!s) return -1;
-  if (strcmp(s, "float32") == 0) return kldiv::cpu::kF32;
-  if (strcmp(s, "float16") == 0) return kldiv::cpu::kF16;
-  if (strcmp(s, "bfloat16") == 0) return kldiv::cpu::kBF16;
-  return -1;
-}
-
 int run(int op, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream) {
   (void)stream;
   const bool forward = op == distill::kForward;
   DistillJob j;
   if (!distill::rows_and_vocab(op, nparam, ndims, shapes, dtypes, &j.rows, &j.vocab)) return 1;
-  j.dtype = parse_dtype(dtypes[0]);
-  if (j.dtype < 0) return 1;
+  j.dtype = kldiv::cpu::parse_dtype(dtypes[0]);
+  if (j.dtype < 0 || j.dtype == kldiv::cpu::kF64) return 1;  // float64 takes the composite kernels
   const double *hyper = static_cast<const double *>(params[2]);
   // (temperature, beta, divergence code, alpha, soft cap (0: none), logit scale)
   const double temperature = hyper[0], beta = hyper[1];

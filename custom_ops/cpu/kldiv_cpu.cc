@@ -64,15 +64,6 @@ const KernelTable* table() {
   return t;
 }
 
-int parse_dtype(const char* s) {
-  if (!s) return -1;
-  if (strcmp(s, "float32") == 0) return kF32;
-  if (strcmp(s, "float16") == 0) return kF16;
-  if (strcmp(s, "bfloat16") == 0) return kBF16;
-  if (strcmp(s, "float64") == 0) return kF64;
-  return -1;
-}
-
 int64_t numel(int nd, const int64_t* shape) {
   int64_t n = 1;
   for (int i = 0; i < nd; ++i) n *= shape[i];
@@ -210,6 +201,15 @@ int run(int want, int reduction, bool log_target, int nparam, void** params, int
 }  // namespace
 
 const KernelTable* active_table() { return table(); }
+
+int parse_dtype(const char* s) {
+  if (!s) return -1;
+  if (strcmp(s, "float32") == 0) return kF32;
+  if (strcmp(s, "float16") == 0) return kF16;
+  if (strcmp(s, "bfloat16") == 0) return kBF16;
+  if (strcmp(s, "float64") == 0) return kF64;
+  return -1;
+}
 
 int64_t prefetch_bytes() {
   static const int64_t bytes = default_prefetch();

@@ -87,6 +87,8 @@ struct KernelTable {
 
 // The table picked for this CPU (once, from cpuid; MS_KLDIV_ISA forces one).
 const KernelTable* active_table();
+// The DType of a MindSpore dtype name ("float32", ...), -1 for any other (front ends only: kldiv_cpu.cc).
+int parse_dtype(const char* s);
 // Args::prefetch for this CPU (once; MS_KLDIV_PREFETCH=<bytes> sets it).
 int64_t prefetch_bytes();
 

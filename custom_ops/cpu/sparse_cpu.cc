@@ -18,20 +18,12 @@ void task(void *ctx, int chunk, int nchunks) {
   kldiv::cpu::active_table()->sparse_rows(&j, j.rows * chunk / nchunks, j.rows * (chunk + 1) / nchunks);
 }
 
-int parse_dtype(const char *s) {
-  if (!s) return -1;
-  if (strcmp(s, "float32") == 0) return kldiv::cpu::kF32;
-  if (strcmp(s, "float16") == 0) return kldiv::cpu::kF16;
-  if (strcmp(s, "bfloat16") == 0) return kldiv::cpu::kBF16;
-  return -1;
-}
-
 int run(bool forward, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream) {
   (void)stream;
   SparseJob j;
   if (!sparse::layout(forward, nparam, ndims, shapes, dtypes, &j.rows, &j.vocab, &j.k)) return 1;
-  j.dtype = parse_dtype(dtypes[0]);
-  if (j.dtype < 0) return 1;
+  j.dtype = kldiv::cpu::parse_dtype(dtypes[0]);
+  if (j.dtype < 0 || j.dtype == kldiv::cpu::kF64) return 1;  // float64 takes the composite kernels
   j.h = sparse::hyper_of(static_cast<const double *>(params[3]));
   j.s = params[0];
   j.ids = static_cast<const int32_t *>(params[1]);

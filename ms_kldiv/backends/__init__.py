@@ -19,8 +19,8 @@ from mindspore.ops import constexpr
 from .. import _compat
 from .base import OPS, Backend
 
-__all__ = ["Backend", "OPS", "register", "names", "get", "resolve", "get_op", "get_kernels", "get_distill_kernels", "backend_info",
-           "device_target"]
+__all__ = ["Backend", "OPS", "register", "names", "get", "resolve", "get_op", "get_kernels", "get_distill_kernels",
+           "backend_info", "device_target"]
 
 _logger = logging.getLogger("ms_kldiv")
 _REGISTRY = {}
@@ -156,9 +156,21 @@ def get_kernels(op, backend, device=None):
     return _kernels(op, backend, device or device_target())
 
 
-def get_distill_kernels(backend, device=None):
-    """(name of the backend chosen, its distillation kernels) for ``backend=`` on ``device``; created once."""
-    return get_kernels("distillation", backend, device)
+def get_distill_kernels(backend, device=None, variant=None, caller="distillation"):
+    """(name of the backend chosen, its distillation kernels) for ``backend=`` on ``device``; created once. With a
+    ``variant`` (``ms_kldiv._distill_math.Variant``) that the kernels cannot compute (their ``unsupported``), 'auto'
+    gives way to the composite kernels (saying so once) and a named backend raises RuntimeError for ``caller``."""
+    device = device or device_target()
+    name, kernels = get_kernels("distillation", backend, device)
+    reason = None if variant is None else kernels.unsupported(variant)
+    if reason is None:
+        return name, kernels
+    if backend != "auto":
+        raise RuntimeError(f"For '{caller}', backend {backend!r} cannot compute {variant} on {device}: {reason}.")
+    _warn_once((device, "distillation", name, variant),
+               f"ms_kldiv: backend 'auto' runs {variant} on {device} with 'composite' because '{name}' cannot "
+               f"({reason})")
+    return get_kernels("distillation", "composite", device)
 
 
 def backend_info(device=None, op="kl_div"):

@@ -29,8 +29,8 @@ current device target and, if so, for that op's implementation:
 ``'sparse_distillation'`` -- ``sparse_kernels(device)``: the stored-teacher kernels, used by
     ``sparse_distillation_loss``/``SparseDistillationLoss`` (through ``ms_kldiv.backends.sparse.rows_op``). For
     student logits s [..., V] (V >= 1, a dtype from ``kernels.dtypes``), the teacher's int32 ids [..., K]
-    (negative: padding) and float32 values [..., K] of the same leading shape (log-probabilities, or log-counts), with (temperature, ratio = T0 / T, beta,
-    tail) fixed per Cell (the math: ``ms_kldiv._sparse_math``):
+    (negative: padding) and float32 values [..., K] of the same leading shape (log-probabilities, or log-counts),
+    with (temperature, ratio = T0 / T, beta, tail) fixed per Cell (the math: ``ms_kldiv._sparse_math``):
 
     - ``forward(temperature, ratio, beta, tail)`` -> Cell ``(s, ids, values) -> stats [..., SPARSE_STATS]``
       (float32; float64 for float64 logits where the kernels take them); column 0 is each row's loss, NaN for a

@@ -1,9 +1,10 @@
 """The stored-teacher distillation op on top of a pair of kernels (contract: ``ms_kldiv.backends.base``), for any
 device: the autodiff around them is written once.
 
-``AotSparseKernels`` are the compiled libraries' (custom_ops/cpu/sparse_kernels.inc, custom_ops/gpu/sparse_cuda.cu), ``CompositeSparseKernels``
-(``ms_kldiv.backends.composite``) the closed forms of ``ms_kldiv._sparse_math``; the registry hands them out
-(``get_kernels('sparse_distillation', ...)``). The teacher's ids and values are stored data: their gradient is 0.
+``AotSparseKernels`` are the compiled libraries' kernels (custom_ops/cpu/sparse_kernels.inc,
+custom_ops/gpu/sparse_cuda.cu), ``CompositeSparseKernels`` (``ms_kldiv.backends.composite``) the closed forms of
+``ms_kldiv._sparse_math``; the registry hands them out (``get_kernels('sparse_distillation', ...)``). The
+teacher's ids and values are stored data: their gradient is 0.
 """
 import mindspore as ms
 from mindspore import nn, ops
