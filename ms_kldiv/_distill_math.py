@@ -205,6 +205,95 @@ def row_grads(student, teacher, temperature, beta, want_teacher, differentiable=
     return d_student, d_teacher
 
 
+# ----------------------------------------------------------------------- a slice of the vocabulary per rank
+# Vocabulary parallelism: each rank holds the columns [v0, v1) of both models' logits. A row's normalizer is kept
+# as (base, log Z) with base the slice's own largest transformed logit (0 when it has none) and Z the sum of
+# exp((x - base) / T) over the whole row, so that log P = (x - base) / T - log Z is formed without large terms
+# cancelling; the kernels' stats (STATS columns, distill_math.h's Stat) carry it in columns 1 / 2 (log Z of the
+# student / teacher) and 5 / 6 (their bases).
+LOG_Z_S, LOG_Z_T, SUM_A, SUM_B, BASE_S, BASE_T = 1, 2, 3, 4, 5, 6
+# the primitive: the functional ops.zeros_like inside a Cell with a bprop fails graph compilation when the
+# differentiated function has an unused input (docs/mindspore-notes.md)
+_zeros_like = ops.ZerosLike()
+
+
+def _slice_normalizer(z, inv_t):
+    """(base, log Z) of each row of a slice (float32 [R] each); a slice without mass gives (0, -inf)."""
+    if z.shape[-1] == 0:  # no classes (MindSpore's CPU reductions of an empty axis return uninitialized memory)
+        zero = ops.zeros(z.shape[:-1], z.dtype)
+        return zero, zero + _NEG_INF
+    base = _row_max(z)
+    base = ops.where(base == _NEG_INF, 0.0, base)
+    return ops.squeeze(base, -1), ops.log(ops.sum(ops.exp((z - base) * inv_t), -1))
+
+
+def slice_states(student, teacher, temperature, variant=KL):
+    """The stats [R, STATS] of a slice whose only meaningful columns are its normalizers (2-D logits)."""
+    inv_t = ops.cast(constants(temperature, 0.0)[0], student.dtype)
+    base_s, log_z_s = _slice_normalizer(transformed(student, variant), inv_t)
+    base_t, log_z_t = _slice_normalizer(transformed(teacher, variant), inv_t)
+    zero = _zeros_like(base_s)
+    return ops.stack([zero, log_z_s, log_z_t, zero, zero, base_s, base_t, zero], -1)
+
+
+def merged_log_z(states, gathered, temperature):
+    """This rank's (log Z_s, log Z_t) [R] of the whole row, relative to its own bases, from its slice's ``states``
+    [R, STATS] and every rank's slice normalizers ``gathered`` [ranks, R, 4] = (base_s, log Z_s, base_t, log Z_t).
+    Exact: log Z = log Z_r + log sum_q exp(d_q), d_q = (base_q - base_r) / T + log Z_q - log Z_r (d_r = 0), which
+    never subtracts two large log-sum-exps (huge logits keep float32's relative accuracy in log P)."""
+    inv_t = ops.cast(constants(temperature, 0.0)[0], states.dtype)
+    out = []
+    for k, (log_z_col, base_col) in enumerate(((LOG_Z_S, BASE_S), (LOG_Z_T, BASE_T))):
+        base_r, log_z_r = states[:, base_col], states[:, log_z_col]
+        has_mass = log_z_r > _NEG_INF
+        safe_r = ops.where(has_mass, log_z_r, 0.0)
+        d = (gathered[:, :, 2 * k] - base_r) * inv_t + (gathered[:, :, 2 * k + 1] - safe_r)
+        top = ops.amax(d, 0)
+        top = ops.where(top == _NEG_INF, 0.0, top)
+        # a slice without mass (base 0, safe log Z 0): the row's log-sum-exp; its own classes keep P = 0
+        out.append(safe_r + top + ops.log(ops.sum(ops.exp(d - top), 0)))
+    return out
+
+
+def slice_log_probs(z, stats, base_col, log_z_col, temperature, variant=KL):
+    """log P of a slice's classes from the whole row's normalizer in ``stats``."""
+    inv_t = ops.cast(constants(temperature, 0.0)[0], z.dtype)
+    base = ops.expand_dims(ops.cast(stats[:, base_col], z.dtype), -1)
+    log_z = ops.expand_dims(ops.cast(stats[:, log_z_col], z.dtype), -1)
+    return (transformed(z, variant) - base) * inv_t - log_z
+
+
+def slice_sums(student, teacher, stats, temperature, beta, variant=KL):
+    """(T^2 sum of the terms, sum(a), sum(b)) [R] over a slice's classes, with the whole row's normalizers."""
+    if student.shape[-1] == 0:  # no classes: nothing to add (and no empty reduction, see _slice_normalizer)
+        zero = ops.zeros(student.shape[:-1], student.dtype)
+        return zero, zero, zero
+    log_ps = slice_log_probs(student, stats, BASE_S, LOG_Z_S, temperature, variant)
+    log_pt = slice_log_probs(teacher, stats, BASE_T, LOG_Z_T, temperature, variant)
+    terms, a, b = _pairwise(log_ps, log_pt, ops.exp(log_ps), ops.exp(log_pt), beta, variant)
+    t_sq = ops.cast(constants(temperature, beta)[2], student.dtype)
+    return t_sq * ops.sum(terms, -1), ops.sum(a, -1), ops.sum(b, -1)
+
+
+def slice_grads(student, teacher, stats, temperature, beta, want_teacher, variant=KL):
+    """(d/d student, d/d teacher or None) of the sum of the whole rows' losses, on a slice: the softmax's backward
+    with the whole row's normalizers and sums (stats columns SUM_A / SUM_B)."""
+    log_ps = slice_log_probs(student, stats, BASE_S, LOG_Z_S, temperature, variant)
+    log_pt = slice_log_probs(teacher, stats, BASE_T, LOG_Z_T, temperature, variant)
+    ps, pt = ops.exp(log_ps), ops.exp(log_pt)
+    _, a, b = _pairwise(log_ps, log_pt, ps, pt, beta, variant)
+    t_lin = ops.cast(constants(temperature, beta)[1], student.dtype)
+    sum_a = ops.expand_dims(ops.cast(stats[:, SUM_A], student.dtype), -1)
+    sum_b = ops.expand_dims(ops.cast(stats[:, SUM_B], student.dtype), -1)
+    plain = variant.divergence == "kl" and beta == 0
+    d_student = t_lin * (ps - pt) if plain else t_lin * (a - ps * sum_a)
+    d_teacher = t_lin * (b - pt * sum_b) if want_teacher else None
+    if variant.softcap > 0 or variant.logit_scale != 1.0:
+        d_student = d_student * transform_slope(student, variant)
+        d_teacher = None if d_teacher is None else d_teacher * transform_slope(teacher, variant)
+    return d_student, d_teacher
+
+
 def cross_entropy_and_grad(logits, labels, keep, weights=None, z_loss=0.0, label_smoothing=0.0):
     """(sum over kept rows of their weight times the hard-label loss, its gradient). The loss of a row is
 

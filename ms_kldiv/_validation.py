@@ -320,3 +320,67 @@ def check_variant(divergence, alpha, softcap, logit_scale, beta, name):
         check_number(softcap, "softcap", name, 0.0, math.inf, low_open=True)
     check_number(logit_scale, "logit_scale", name, 0.0, math.inf, low_open=True)
     return Variant(divergence, float(alpha), float(softcap or 0.0), float(logit_scale))
+
+
+# --------------------------------------------------------------------------------- vocabulary parallelism
+def _group_error_fn(group):
+    """'' when this process is a member of the initialized communication group ``group``, else why not."""
+    from mindspore import communication  # pylint: disable=import-outside-toplevel
+    # (imported here: only a loss with a group needs it)
+    try:
+        ranks = communication.get_process_group_ranks(group)
+        rank = communication.get_rank()
+    except Exception as err:  # pylint: disable=broad-except  # RuntimeError or ValueError, by state and release
+        return (f"is not a usable communication group (call mindspore.communication.init() first, and "
+                f"create_group for a sub-group): {err}")
+    if rank not in ranks:
+        return f"does not hold this process (rank {rank}; its ranks: {list(ranks)})"
+    return ""
+
+
+# A constexpr: evaluated in Python at graph compile time, where a try statement cannot be compiled.
+_group_error = constexpr(_group_error_fn, check=False)
+
+
+def check_vocab_parallel(group, reduction, name):
+    """``vocab_parallel_group``: None, or the name of an initialized communication group (str) of which this
+    process is a member; its losses reduce rows (no 'none': that would be each rank's slice of the terms)."""
+    if group is None:
+        return
+    if not isinstance(group, str):
+        raise TypeError(f"For '{name}', 'vocab_parallel_group' must be a str (a communication group's name) or "
+                        f"None, but got {type(group).__name__}.")
+    if reduction == "none":
+        raise ValueError(f"For '{name}', 'vocab_parallel_group' needs a reducing 'reduction', but got 'none'.")
+    if reduction == "mean":
+        raise ValueError(f"For '{name}', 'vocab_parallel_group' takes 'sum', 'batchmean' or 'tokenmean' ('mean' "
+                         f"would divide by the whole vocabulary, which no rank holds).")
+    error = _group_error(group)
+    if error:
+        raise ValueError(f"For '{name}', 'vocab_parallel_group' {group!r} {error}.")
+
+
+def check_vocab_parallel_dtype(dtype, name):
+    if dtype == ms.float64:
+        raise TypeError(f"For '{name}', 'vocab_parallel_group' takes float16, bfloat16 or float32 logits (the "
+                        f"collectives of MindSpore's CPU backend have no float64), but got {dtype}.")
+
+
+def check_num_items(num_items, reduction, name):
+    """``num_items_in_batch``: None, a positive number, or a 0-d float/int Tensor; with 'batchmean' or
+    'tokenmean' only (it replaces their count)."""
+    if num_items is None:
+        return
+    if reduction not in ("batchmean", "tokenmean"):
+        raise ValueError(f"For '{name}', 'num_items_in_batch' replaces the count of 'batchmean' / 'tokenmean', but "
+                         f"'reduction' is {reduction!r}.")
+    if isinstance(num_items, Tensor):
+        if num_items.dtype not in FLOAT_DTYPES + (ms.int32, ms.int64) or len(num_items.shape) != 0:
+            raise TypeError(f"For '{name}', 'num_items_in_batch' must be a number or a 0-d int/float Tensor, but "
+                            f"got a {num_items.dtype} Tensor of shape {num_items.shape}.")
+        return
+    if isinstance(num_items, bool) or not isinstance(num_items, (int, float)):
+        raise TypeError(f"For '{name}', 'num_items_in_batch' must be a number or a 0-d Tensor, but got "
+                        f"{type(num_items).__name__}.")
+    if not (math.isfinite(num_items) and num_items > 0):
+        raise ValueError(f"For '{name}', 'num_items_in_batch' must be positive and finite, but got {num_items}.")

@@ -15,6 +15,7 @@ from mindspore.ops import constexpr
 from . import _validation
 from ._distill_math import KL, _pairwise, constants, log_mixture, log_softmax_plain, transformed
 from .backends import _device_target_const, check_name_const, compiled, distill, get_distill_kernels
+from .backends.vocab_parallel import VocabParallelKernels, vocab_group
 from .functional import kl_div
 from .reference import DISTILL_REDUCTIONS
 
@@ -48,13 +49,25 @@ def _check_options(temperature, reduction, beta, ignore_index, backend, name):
     check_name_const(backend, name)
 
 
+def _check_sliced(group, reduction, num_items, name):
+    """The checks of ``vocab_parallel_group`` and ``num_items_in_batch`` that need no tensor."""
+    _validation.check_vocab_parallel(group, reduction, name)
+    _validation.check_num_items(num_items, reduction, name)
+
+
 def _check_args(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend, name,
-                weights=None):
+                weights=None, group=None):
     """All checks, before anything runs; returns the promoted dtype. Plain Python, so it also runs at graph
     compile time."""
     _check_options(temperature, reduction, beta, ignore_index, backend, name)
     dtype = _validation.check_tensors(student_logits, teacher_logits, name, ("student_logits", "teacher_logits"),
                                       min_rank=1, shapes=_validation.kldiv_logits_shapes)
+    if group is not None:
+        _validation.check_vocab_parallel_dtype(dtype, name)
+        if student_logits.shape != teacher_logits.shape:
+            raise ValueError(f"For '{name}', 'vocab_parallel_group' needs student and teacher logits of one shape "
+                             f"(each rank's slice of both), but got {student_logits.shape} and "
+                             f"{teacher_logits.shape}.")
     if weights is not None:
         _validation.check_weights(weights, ops.shape(student_logits)[:-1], name)
     if labels is not None:
@@ -109,6 +122,14 @@ def _fused_rows(backend, device, temperature, beta, graph, variant=KL):
     registry picks for ``backend`` on ``device`` for ``variant`` (RuntimeError when that backend cannot run them)."""
     _, kernels = get_distill_kernels(backend, device, variant, _NAME)
     return kernels.dtypes, distill.rows_op(kernels, temperature, beta, split=graph, variant=variant)
+
+
+@functools.lru_cache(maxsize=None)
+def _sliced_rows(backend, device, temperature, beta, graph, variant, group):
+    """As _fused_rows, for each rank's slice of the vocabulary in ``group``: the kernels merge the rows across it."""
+    _, kernels = get_distill_kernels(backend, device, variant, _NAME, vocab_parallel=True)
+    sliced = VocabParallelKernels(kernels, vocab_group(group))
+    return sliced.dtypes, distill.rows_op(sliced, temperature, beta, split=graph, variant=variant)
 
 
 def _fusable_fn(student_shape, teacher_shape, reduction):
@@ -244,8 +265,49 @@ def _row_weights(weights, keep, dtype):
     return w if keep is None else ops.where(keep, w, 0.0)
 
 
+def _distill_sliced(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend,
+                    dtype, variant, weights, group):
+    """The loss of logits whose vocabulary is split across ``group`` (each rank its slice [..., V_r]): every rank
+    gets the whole loss, and its slices' gradients."""
+    keep = None if labels is None else labels != ignore_index
+    device = _device_target_const()
+    graph = compiled(student_logits)
+    dtypes, rows_op = _sliced_rows(backend, device, temperature, beta, graph, variant, group)
+    kernel_dtype = dtype if dtype in dtypes else ms.float32
+    vocab = student_logits.shape[-1]
+    s2 = ops.reshape(ops.cast(student_logits, kernel_dtype), (-1, vocab))
+    t2 = ops.reshape(ops.cast(teacher_logits, kernel_dtype), (-1, vocab))
+    rows = rows_op(s2, t2)
+    if beta not in (0, 1) or variant.divergence != "kl":
+        check = _sliced_rows(backend, device, temperature, 0.0, graph, KL, group)[1]  # as in _distill
+        rows = rows + ops.stop_gradient(check(s2, s2)) * 0.0
+    w = None if weights is None else _row_weights(weights, keep, rows.dtype)
+    if w is not None:
+        rows = rows * ops.reshape(w, (-1,))
+    if keep is not None:
+        rows = ops.where(ops.reshape(keep, (-1,)), rows, 0.0)
+    loss = _reduce(ops.sum(rows), student_logits, reduction, keep, w)
+    return loss if dtype == ms.float32 else ops.cast(loss, dtype)
+
+
 def _distill(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend, dtype,
-             variant=KL, weights=None):
+             variant=KL, weights=None, group=None, num_items=None):
+    if num_items is not None:
+        # the counted rows' sum over the caller's count (e.g. the whole global batch's tokens)
+        reduction = "sum"
+    if group is not None:
+        loss = _distill_sliced(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index,
+                               backend, dtype, variant, weights, group)
+    else:
+        loss = _distill_whole(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index,
+                              backend, dtype, variant, weights)
+    if num_items is not None:
+        loss = loss / ops.cast(num_items, loss.dtype)
+    return loss
+
+
+def _distill_whole(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend,
+                   dtype, variant, weights):
     keep = None if labels is None else labels != ignore_index
     device = _device_target_const()
     graph = compiled(student_logits)
@@ -323,7 +385,7 @@ def _compose(student_logits, teacher_logits, temperature, reduction, beta, label
 
 def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction="batchmean", *, beta=0.0,
                       labels=None, ignore_index=-100, backend="auto", divergence="kl", alpha=None, weights=None,
-                      softcap=None, logit_scale=1.0):
+                      softcap=None, logit_scale=1.0, vocab_parallel_group=None, num_items_in_batch=None):
     r"""
     Knowledge-distillation loss (Hinton et al., 2015) from raw logits: a temperature-scaled divergence between
     the teacher's and the student's distributions over the last axis, forward KL by default.
@@ -410,6 +472,15 @@ def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction
             ``final_logit_softcapping``), before the temperature. Default: ``None``.
         logit_scale (float, optional): Multiply both models' logits by this (> 0, Cohere's ``logit_scale``) before
             the soft cap and the temperature. Default: ``1.0``.
+        vocab_parallel_group (str, optional): The name of a communication group whose ranks each hold a contiguous
+            slice of the vocabulary, in rank order (tensor parallelism): the logits are then this rank's slice
+            ``[..., V_r]`` of both models (one shape; V_r may differ across ranks), and every rank gets the loss of
+            the whole rows and the gradients of its slices (docs/vocab_parallel.md). Reductions 'sum', 'batchmean',
+            'tokenmean'; first-order gradients. Default: ``None``.
+        num_items_in_batch (Union[int, float, Tensor], optional): With 'batchmean' or 'tokenmean': divide the sum
+            of the counted rows' (weighted) divergences by this instead of the local count, e.g. the counted tokens
+            of the whole global batch across data-parallel ranks and gradient-accumulation steps, so that the
+            micro-batches' losses add up to the batch's. Default: ``None``.
         backend (str, optional): ``'auto'`` or a name from :func:`ms_kldiv.backend_names`, checked before anything
             runs. ``'auto'`` / ``'aot'`` use the fused distillation kernels where they run (CPU, GPU, Ascend with its
             operators installed) for one shape of float32/half logits and a reducing `reduction`; otherwise, and on
@@ -444,12 +515,13 @@ def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction
         () Float32 0.2660
     """
     variant = _validation.check_variant(divergence, alpha, softcap, logit_scale, beta, _NAME)
+    _check_sliced(vocab_parallel_group, reduction, num_items_in_batch, _NAME)
     dtype = _check_args(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend,
-                        _NAME, weights)
+                        _NAME, weights, vocab_parallel_group)
     if weights is not None and not compiled(weights):
         _validation.check_weights_data(weights, _NAME)
     return _distill(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend,
-                    dtype, variant, weights)
+                    dtype, variant, weights, vocab_parallel_group, num_items_in_batch)
 
 
 class DistillationLoss(nn.Cell):
@@ -466,13 +538,15 @@ class DistillationLoss(nn.Cell):
         beta (float, optional): 0 forward KL, 1 reverse KL, in between generalized JSD. Default: ``0.0``.
         ignore_index (int, optional): The label of ignored rows. Default: ``-100``.
         backend (str, optional): Implementation, as in :func:`ms_kldiv.kl_div`. Default: ``'auto'``.
-        divergence, alpha, softcap, logit_scale: As in :func:`ms_kldiv.distillation_loss`.
+        divergence, alpha, softcap, logit_scale, vocab_parallel_group: As in :func:`ms_kldiv.distillation_loss`.
 
     Inputs:
         - **student_logits** (Tensor) - Logits of the student, classes on the last axis.
         - **teacher_logits** (Tensor) - Logits of the teacher, of the student's shape or broadcasting to it.
         - **labels** (Tensor, optional) - Labels of the leading shape; rows equal to `ignore_index` are ignored.
         - **weights** (Tensor, optional) - Float weights of the leading shape, as in the functional.
+        - **num_items_in_batch** (Union[int, float, Tensor], optional) - The count 'batchmean' / 'tokenmean' divide
+          by, as in the functional.
 
     Outputs:
         Tensor of the promoted dtype: the student's shape for ``'none'``, else a 0-d Tensor.
@@ -486,9 +560,11 @@ class DistillationLoss(nn.Cell):
     """
 
     def __init__(self, temperature=1.0, reduction="batchmean", *, beta=0.0, ignore_index=-100, backend="auto",
-                 divergence="kl", alpha=None, softcap=None, logit_scale=1.0):
+                 divergence="kl", alpha=None, softcap=None, logit_scale=1.0, vocab_parallel_group=None):
         super().__init__()
         _check_options(temperature, reduction, beta, ignore_index, backend, "DistillationLoss")
+        _check_sliced(vocab_parallel_group, reduction, None, "DistillationLoss")
+        self.vocab_parallel_group = vocab_parallel_group
         self.variant = _validation.check_variant(divergence, alpha, softcap, logit_scale, beta, "DistillationLoss")
         self.temperature = float(temperature)
         self.reduction = reduction
@@ -496,13 +572,15 @@ class DistillationLoss(nn.Cell):
         self.ignore_index = ignore_index
         self.backend = backend
 
-    def construct(self, student_logits, teacher_logits, labels=None, weights=None):
+    def construct(self, student_logits, teacher_logits, labels=None, weights=None, num_items_in_batch=None):
+        _validation.check_num_items(num_items_in_batch, self.reduction, "DistillationLoss")
         dtype = _check_args(student_logits, teacher_logits, self.temperature, self.reduction, self.beta, labels,
-                            self.ignore_index, self.backend, "DistillationLoss", weights)
+                            self.ignore_index, self.backend, "DistillationLoss", weights, self.vocab_parallel_group)
         if weights is not None and not compiled(weights):
             _validation.check_weights_data(weights, "DistillationLoss")
         return _distill(student_logits, teacher_logits, self.temperature, self.reduction, self.beta, labels,
-                        self.ignore_index, self.backend, dtype, self.variant, weights)
+                        self.ignore_index, self.backend, dtype, self.variant, weights, self.vocab_parallel_group,
+                        num_items_in_batch)
 
     def extend_repr(self):
         return (f"temperature={self.temperature}, reduction={self.reduction!r}, beta={self.beta}, "

@@ -67,3 +67,43 @@ def run(cmd, timeout, what=None, **kwargs):
     """``subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)`` that ends the child's whole
     process group on timeout (see the module doc)."""
     return finish(start(cmd, **kwargs), timeout, what)
+
+
+# ----------------------------------------------------------------------------- msrun (MindSpore's launcher)
+def msrun_path():
+    """The msrun next to this interpreter (or on PATH), or None."""
+    import shutil  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+    return shutil.which("msrun", path=os.path.dirname(sys.executable)) or shutil.which("msrun")
+
+
+def _free_port():
+    import socket  # pylint: disable=import-outside-toplevel
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def msrun_env():
+    """The environment of msrun and its workers: this interpreter first on PATH (msrun starts workers as plain
+    `python`), the ms_kldiv under test (installed, or this checkout) first on PYTHONPATH, MindSpore's INFO/WARNING
+    chatter off (it would bury a real failure in the logs)."""
+    import sys  # pylint: disable=import-outside-toplevel
+    import ms_kldiv  # pylint: disable=import-outside-toplevel
+    parent = os.path.dirname(os.path.dirname(os.path.abspath(ms_kldiv.__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env.setdefault("GLOG_v", "3")
+    return env
+
+
+def msrun(workers, script, args, log_dir, cwd, timeout, what="msrun"):
+    """Run ``script`` on ``workers`` local CPU workers (a free port, its own process group); (returncode, output,
+    the tail of every worker's log)."""
+    cmd = [msrun_path(), f"--worker_num={workers}", f"--local_worker_num={workers}", "--master_addr=127.0.0.1",
+           f"--master_port={_free_port()}", "--join=True", f"--cluster_time_out={timeout}", f"--log_dir={log_dir}",
+           script] + list(args)
+    proc = run(cmd, timeout, what=what, cwd=cwd, env=msrun_env(), stderr=subprocess.STDOUT)
+    logs = "".join(p.read_text(errors="replace")[-3000:] for p in sorted(log_dir.glob("*.log")))
+    return proc.returncode, proc.stdout, logs

@@ -2,44 +2,24 @@
 must end with identical parameters, equal to one process trained on the concatenated batches
 (examples/distributed_kd.py does the training)."""
 import os
-import shutil
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-import ms_kldiv
 import _procs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(ms_kldiv.__file__)))
 SCRIPT = os.path.join(ROOT, "examples", "distributed_kd.py")
 STEPS = 8
 TIMEOUT_S = 240
 
 
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env():
-    env = dict(os.environ)
-    # msrun starts its workers as plain `python`: put this interpreter first on PATH.
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    # The scripts must import the ms_kldiv under test (installed, or this checkout), not whichever comes first.
-    env["PYTHONPATH"] = PKG_PARENT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.setdefault("GLOG_v", "3")  # MindSpore's INFO/WARNING chatter would bury a real failure in the logs
-    return env
-
-
 def _run(cmd, cwd, what):
     """Run in its own process group, so that a hung worker or scheduler is killed with the launcher."""
     # (msrun's scheduler and workers share the group: nothing may outlive the test)
-    proc = _procs.run(cmd, TIMEOUT_S, what=what, cwd=cwd, env=_env(), stderr=subprocess.STDOUT)
+    proc = _procs.run(cmd, TIMEOUT_S, what=what, cwd=cwd, env=_procs.msrun_env(), stderr=subprocess.STDOUT)
     return proc.returncode, proc.stdout
 
 
@@ -49,18 +29,13 @@ def _load(path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("msrun", path=os.path.dirname(sys.executable)) is None
-                    and shutil.which("msrun") is None, reason="msrun (MindSpore's launcher) is not installed")
+@pytest.mark.skipif(_procs.msrun_path() is None, reason="msrun (MindSpore's launcher) is not installed")
 @pytest.mark.parametrize("loss", ["kldiv", "fused-linear"])
 def test_data_parallel_matches_single_process(tmp_path, loss):
     cwd, out_dir, log_dir = tmp_path / "cwd", tmp_path / "params", tmp_path / "logs"
     cwd.mkdir()
-    msrun = shutil.which("msrun", path=os.path.dirname(sys.executable)) or shutil.which("msrun")
-    rc, out = _run([msrun, "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
-                    f"--master_port={_free_port()}", "--join=True", "--cluster_time_out=120",
-                    f"--log_dir={log_dir}", SCRIPT, "--steps", str(STEPS), "--out", str(out_dir), "--loss", loss],
-                   cwd, "msrun")
-    logs = "".join(p.read_text(errors="replace")[-3000:] for p in sorted(log_dir.glob("*.log")))
+    rc, out, logs = _procs.msrun(2, SCRIPT, ["--steps", str(STEPS), "--out", str(out_dir), "--loss", loss], log_dir,
+                                 cwd, TIMEOUT_S)
     assert rc == 0, f"msrun failed (rc={rc}):\n{out[-3000:]}\n{logs}"
     for rank in (0, 1):
         assert f"rank {rank}/2:" in logs, f"worker {rank} did not report:\n{logs}"

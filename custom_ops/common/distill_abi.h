@@ -9,6 +9,11 @@
 //   DistillBwd         nparam 7: s, t, hyper, stats, dloss (float32 [...]), d_student (out, D), d_teacher (out, D)
 //   DistillBwdStudent  nparam 6: s, t, hyper, stats, dloss, d_student (out)  } compiled code uses these two, so
 //   DistillBwdTeacher  nparam 6: s, t, hyper, stats, dloss, d_teacher (out)  } a frozen teacher's op is dropped
+// Vocabulary-parallel pieces (each rank holds a contiguous slice of V; ms_kldiv/backends/vocab_parallel.py):
+//   DistillStates      nparam 4: s, t, hyper, stats (out): only the normalizer columns (kLogZ*, kMax*) of the slice
+//   DistillFwdGiven    nparam 5: s, t, hyper, states (in, [..., 8]), stats (out): the slice's sums (loss, sum(a),
+//                      sum(b)) with the normalizers taken from `states` (the whole row's, merged across ranks), and
+//                      those normalizer columns copied; the backward kernels then run on the merged stats unchanged.
 // The gradients are those of sum_rows dloss[row] * loss[row]; a row with dloss == 0 (an ignored token) gets exact
 // zeros without its logits being read. Return value 0, or 1 for a layout Python already excludes.
 #pragma once
@@ -25,8 +30,9 @@
 
 namespace distill {
 // The four entry points and where their gradient outputs are (-1: not written).
-enum Op : int { kForward = 0, kBoth = 1, kStudent = 2, kTeacher = 3 };
-inline int nparam_of(int op) { return op == kForward ? 4 : op == kBoth ? 7 : 6; }
+enum Op : int { kForward = 0, kBoth = 1, kStudent = 2, kTeacher = 3, kStates = 4, kGiven = 5 };
+inline bool is_forward(int op) { return op == kForward || op == kStates || op == kGiven; }
+inline int nparam_of(int op) { return op == kForward || op == kStates ? 4 : op == kGiven ? 5 : op == kBoth ? 7 : 6; }
 inline int ds_param(int op) { return op == kBoth || op == kStudent ? 5 : -1; }
 inline int dt_param(int op) { return op == kBoth ? 6 : op == kTeacher ? 5 : -1; }
 
@@ -72,6 +78,14 @@ inline std::vector<int64_t> stats_shape(const int *ndims, int64_t *const *shapes
   KLDIV_DECLARE_FWD_INFER(DistillBwdTeacher) {                                                            \
     (void)extra;                                                                                          \
     return std::vector<int64_t>(shapes[1], shapes[1] + ndims[1]);                                         \
+  }                                                                                                       \
+  KLDIV_DECLARE_FWD_INFER(DistillStates) {                                                                \
+    (void)extra;                                                                                          \
+    return distill::stats_shape(ndims, shapes);                                                           \
+  }                                                                                                       \
+  KLDIV_DECLARE_FWD_INFER(DistillFwdGiven) {                                                              \
+    (void)extra;                                                                                          \
+    return distill::stats_shape(ndims, shapes);                                                           \
   }
 
 // One export: kernel Fn calling run(op, nparam, params, ndims, shapes, dtypes, stream) of the device's front end.
@@ -87,3 +101,8 @@ inline std::vector<int64_t> stats_shape(const int *ndims, int64_t *const *shapes
   DISTILL_DEFINE_EXPORT(DistillBwd, run, distill::kBoth)                                                  \
   DISTILL_DEFINE_EXPORT(DistillBwdStudent, run, distill::kStudent)                                        \
   DISTILL_DEFINE_EXPORT(DistillBwdTeacher, run, distill::kTeacher)
+
+// The vocabulary-parallel exports (the CPU library; the other devices' kernels leave them to the composite ones).
+#define DISTILL_DEFINE_SHARD_EXPORTS(run)                                                                 \
+  DISTILL_DEFINE_EXPORT(DistillStates, run, distill::kStates)                                             \
+  DISTILL_DEFINE_EXPORT(DistillFwdGiven, run, distill::kGiven)

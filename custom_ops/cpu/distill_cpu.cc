@@ -19,7 +19,7 @@ void task(void *ctx, int chunk, int nchunks) {
 
 int run(int op, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream) {
   (void)stream;
-  const bool forward = op == distill::kForward;
+  const bool forward = distill::is_forward(op);
   DistillJob j;
   if (!distill::rows_and_vocab(op, nparam, ndims, shapes, dtypes, &j.rows, &j.vocab)) return 1;
   j.dtype = kldiv::cpu::parse_dtype(dtypes[0]);
@@ -38,13 +38,22 @@ int run(int op, int nparam, void **params, int *ndims, int64_t **shapes, const c
   j.log_1m_beta = j.kind == 2 ? static_cast<float>(log1p(-beta)) : 0.0f;
   j.s = params[0];
   j.t_logits = params[1];
-  j.stats = static_cast<float *>(params[3]);
+  j.op = op;
+  j.given = op == distill::kGiven ? static_cast<const float *>(params[3]) : nullptr;
+  j.stats = static_cast<float *>(params[op == distill::kGiven ? 4 : 3]);
   j.dloss = forward ? nullptr : static_cast<const float *>(params[4]);
   j.ds = distill::ds_param(op) >= 0 ? params[distill::ds_param(op)] : nullptr;
   j.dt = distill::dt_param(op) >= 0 ? params[distill::dt_param(op)] : nullptr;
   if (j.rows == 0) return 0;
   if (j.vocab == 0) {  // no classes: every divergence is 0 (the gradients have no elements)
     if (forward) memset(j.stats, 0, sizeof(float) * distill::kStats * j.rows);
+    for (int64_t r = 0; op != distill::kForward && r < j.rows; ++r) {  // a slice without classes has no mass
+      float *row = j.stats + r * distill::kStats;
+      const float *given = j.given ? j.given + r * distill::kStats : nullptr;
+      for (int c : {distill::kLogZStudent, distill::kLogZTeacher, distill::kMaxStudent, distill::kMaxTeacher}) {
+        row[c] = given ? given[c] : (c == distill::kLogZStudent || c == distill::kLogZTeacher ? -INFINITY : 0.0f);
+      }
+    }
     return 0;
   }
   const int nchunks = kldiv::cpu::threads_for(j.rows * j.vocab * 4);
@@ -55,5 +64,6 @@ int run(int op, int nparam, void **params, int *ndims, int64_t **shapes, const c
 }  // namespace
 
 DISTILL_DEFINE_EXPORTS(run)
+DISTILL_DEFINE_SHARD_EXPORTS(run)
 
 DISTILL_DEFINE_INFER_SHAPES

@@ -58,7 +58,9 @@ struct DistillJob {
   distill::Transform f;        // soft cap / scale of both models' logits
   const void* s;
   const void* t_logits;
+  int op;                 // distill::Op: which export (forward, a backward, or a vocabulary-parallel piece)
   float* stats;           // forward output / backward input, [rows, distill::kStats]
+  const float* given;     // kGiven: the merged normalizers, [rows, distill::kStats]
   const float* dloss;     // backward only (null: forward)
   void* ds;               // backward outputs (either may be null, not both)
   void* dt;

@@ -156,19 +156,23 @@ def get_kernels(op, backend, device=None):
     return _kernels(op, backend, device or device_target())
 
 
-def get_distill_kernels(backend, device=None, variant=None, caller="distillation"):
+def get_distill_kernels(backend, device=None, variant=None, caller="distillation", vocab_parallel=False):
     """(name of the backend chosen, its distillation kernels) for ``backend=`` on ``device``; created once. With a
-    ``variant`` (``ms_kldiv._distill_math.Variant``) that the kernels cannot compute (their ``unsupported``), 'auto'
-    gives way to the composite kernels (saying so once) and a named backend raises RuntimeError for ``caller``."""
+    ``variant`` (``ms_kldiv._distill_math.Variant``) that the kernels cannot compute (their ``unsupported``), or
+    ``vocab_parallel`` where they have no slice entry points (``states``; ``ms_kldiv.backends.base``), 'auto' gives
+    way to the composite kernels (saying so once) and a named backend raises RuntimeError for ``caller``."""
     device = device or device_target()
     name, kernels = get_kernels("distillation", backend, device)
     reason = None if variant is None else kernels.unsupported(variant)
+    what = variant
+    if reason is None and vocab_parallel and not hasattr(kernels, "states"):
+        reason, what = "its kernels have no vocabulary-parallel entry points", "a vocabulary-parallel loss"
     if reason is None:
         return name, kernels
     if backend != "auto":
-        raise RuntimeError(f"For '{caller}', backend {backend!r} cannot compute {variant} on {device}: {reason}.")
-    _warn_once((device, "distillation", name, variant),
-               f"ms_kldiv: backend 'auto' runs {variant} on {device} with 'composite' because '{name}' cannot "
+        raise RuntimeError(f"For '{caller}', backend {backend!r} cannot compute {what} on {device}: {reason}.")
+    _warn_once((device, "distillation", name, what),
+               f"ms_kldiv: backend 'auto' runs {what} on {device} with 'composite' because '{name}' cannot "
                f"({reason})")
     return get_kernels("distillation", "composite", device)
 

@@ -11,7 +11,7 @@ distillation: the kernel contract (``ms_kldiv.backends.base``) computed with the
 import mindspore as ms
 from mindspore import nn, ops
 
-from .._distill_math import KL, STATS, row_grads, row_losses
+from .._distill_math import KL, STATS, row_grads, row_losses, slice_grads, slice_states, slice_sums
 from .._sparse_math import row_stats as sparse_row_stats, student_grad as sparse_student_grad
 from . import register
 from .base import Backend
@@ -66,6 +66,46 @@ class _DistillBackward(nn.Cell):
         return self._scaled(ds, g, s), ops.zeros((1,), t.dtype)
 
 
+class _SliceStates(nn.Cell):
+    def __init__(self, temperature, acc_dtype, variant=KL):
+        super().__init__()
+        self.temperature, self.acc_dtype, self.variant = temperature, acc_dtype, variant
+
+    def construct(self, s, t):
+        st = slice_states(ops.cast(s, self.acc_dtype), ops.cast(t, self.acc_dtype), self.temperature, self.variant)
+        return ops.cast(st, ms.float32)
+
+
+class _SliceForward(nn.Cell):
+    def __init__(self, temperature, beta, acc_dtype, variant=KL):
+        super().__init__()
+        self.temperature, self.beta, self.acc_dtype, self.variant = temperature, beta, acc_dtype, variant
+        self.normalizers = ms.Tensor([1, 2], ms.int32), ms.Tensor([5, 6, 7], ms.int32)
+
+    def construct(self, s, t, states):
+        loss, sum_a, sum_b = slice_sums(ops.cast(s, self.acc_dtype), ops.cast(t, self.acc_dtype),
+                                        ops.cast(states, self.acc_dtype), self.temperature, self.beta, self.variant)
+        sums = [ops.expand_dims(ops.cast(v, ms.float32), -1) for v in (loss, sum_a, sum_b)]
+        # concatenated, not masked: a product with 0 would turn an inf loss into NaN in the other columns
+        return ops.concat((sums[0], ops.gather(states, self.normalizers[0], 1), sums[1], sums[2],
+                           ops.gather(states, self.normalizers[1], 1)), -1)
+
+
+class _SliceBackward(_DistillBackward):
+    """The backward from the whole row's normalizers and sums in the stats (a slice of the vocabulary)."""
+
+    def construct(self, s, t, stats, dloss):
+        ds, dt = slice_grads(ops.cast(s, self.acc_dtype), ops.cast(t, self.acc_dtype),
+                             ops.cast(stats, self.acc_dtype), self.temperature, self.beta, self.teacher,
+                             variant=self.variant)
+        g = ops.expand_dims(dloss, -1)
+        if not self.student:
+            return self._scaled(dt, g, t)
+        if self.teacher:
+            return self._scaled(ds, g, s), self._scaled(dt, g, t)
+        return self._scaled(ds, g, s), ops.zeros((1,), t.dtype)
+
+
 class CompositeDistillKernels:
     """The distillation kernel contract in MindSpore ops (closed forms of ``ms_kldiv._distill_math``): every dtype,
     every device. The stats hold the row loss only; the backward recomputes the softmaxes. float64 logits are left
@@ -87,6 +127,19 @@ class CompositeDistillKernels:
 
     def backward_teacher(self, temperature, beta, variant=KL):
         return _DistillBackward(temperature, beta, _acc_dtype(self.device), student=False, variant=variant)
+
+    # The vocabulary-parallel entry points (base.py): the stats carry the whole row's normalizers and sums.
+    def states(self, temperature, variant=KL):
+        return _SliceStates(temperature, _acc_dtype(self.device), variant)
+
+    def forward_given(self, temperature, beta, variant=KL):
+        return _SliceForward(temperature, beta, _acc_dtype(self.device), variant)
+
+    def backward_given(self, temperature, beta, teacher_grad, variant=KL):
+        return _SliceBackward(temperature, beta, _acc_dtype(self.device), teacher=teacher_grad, variant=variant)
+
+    def backward_teacher_given(self, temperature, beta, variant=KL):
+        return _SliceBackward(temperature, beta, _acc_dtype(self.device), student=False, variant=variant)
 
 
 class _SparseForward(nn.Cell):

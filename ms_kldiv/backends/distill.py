@@ -95,6 +95,25 @@ class _DistillGradCore(nn.Cell):
         return gs, gt, ops.zeros(stats.shape, stats.dtype), gg
 
 
+def _nan_like(x):
+    return ops.fill(x.dtype, x.shape, float("nan"))
+
+
+class _FirstOrderGradCore(_DistillGradCore):
+    """The backward kernel of kernels without a second-order rule (``second_order = False``: a vocabulary-parallel
+    loss, whose stats hold values merged across ranks): its own gradient is NaN, not one rank's slice differentiated
+    alone (silently wrong). (Not a raise: graph mode builds this bprop even when nobody differentiates twice, and a
+    bprop that only raises has no return value to build.)"""
+
+    def bprop(self, student, teacher, stats, dloss, out, dout):
+        return _nan_like(student), _nan_like(teacher), ops.zeros(stats.shape, stats.dtype), _nan_like(dloss)
+
+
+def _grad_core(kernels, *args, **kwargs):
+    cls = _DistillGradCore if getattr(kernels, "second_order", True) else _FirstOrderGradCore
+    return cls(kernels, *args, **kwargs)
+
+
 class _DistillStatsCore(nn.Cell):
     """The forward kernel (its output: the stats) with the backward kernel as its gradient. Only the loss column
     of the stats carries a gradient; the other columns are saved values."""
@@ -103,9 +122,9 @@ class _DistillStatsCore(nn.Cell):
         super().__init__()
         self.kernel = kernels.forward(temperature, beta, variant)
         if teacher_grad:
-            self.grad, self.split = _DistillGradCore(kernels, temperature, beta, variant=variant), _both_grads
+            self.grad, self.split = _grad_core(kernels, temperature, beta, variant=variant), _both_grads
         else:
-            self.grad = _DistillGradCore(kernels, temperature, beta, teacher=False, variant=variant)
+            self.grad = _grad_core(kernels, temperature, beta, teacher=False, variant=variant)
             self.split = _student_grad_only
 
     def construct(self, student, teacher):
@@ -123,8 +142,8 @@ class _DistillStatsCoreSplit(nn.Cell):
     def __init__(self, kernels, temperature, beta, variant=KL):
         super().__init__()
         self.kernel = kernels.forward(temperature, beta, variant)
-        self.grad_student = _DistillGradCore(kernels, temperature, beta, teacher=False, variant=variant)
-        self.grad_teacher = _DistillGradCore(kernels, temperature, beta, student=False, variant=variant)
+        self.grad_student = _grad_core(kernels, temperature, beta, teacher=False, variant=variant)
+        self.grad_teacher = _grad_core(kernels, temperature, beta, student=False, variant=variant)
 
     def construct(self, student, teacher):
         return self.kernel(student, teacher)
@@ -210,3 +229,19 @@ class AotDistillKernels:
     def backward_teacher(self, temperature, beta, variant=KL):
         return _AotKernel(self, "DistillBwdTeacher", ("s", "t", "hyper", "stats", "dloss"), ("dt",),
                           lambda s, t, *_: t, temperature, beta, variant)
+
+    # The vocabulary-parallel entry points (base.py): the backward kernels already read every normalizer and sum
+    # from the stats, so the merged stats of a slice need no kernel of their own there.
+    def states(self, temperature, variant=KL):
+        return _AotKernel(self, "DistillStates", ("s", "t", "hyper"), ("stats",), _stats_dtype, temperature, 0.0,
+                          variant)
+
+    def forward_given(self, temperature, beta, variant=KL):
+        return _AotKernel(self, "DistillFwdGiven", ("s", "t", "hyper", "states"), ("stats",), _stats_dtype,
+                          temperature, beta, variant)
+
+    def backward_given(self, temperature, beta, teacher_grad, variant=KL):
+        return self.backward(temperature, beta, teacher_grad, variant)
+
+    def backward_teacher_given(self, temperature, beta, variant=KL):
+        return self.backward_teacher(temperature, beta, variant)

@@ -1,0 +1,132 @@
+"""Vocabulary parallelism: the distillation kernel contract over a vocabulary split across the ranks of a group.
+
+Each rank holds a contiguous slice of the vocabulary of both models' logits ([R, V_r], the slices in rank order).
+``VocabParallelKernels`` wraps the kernels of one backend (which must have the slice entry points of
+``ms_kldiv.backends.base``: ``states``, ``forward_given``, ``backward_given``) and meets the same contract as they
+do, so ``rows_op`` and the fused head use it unchanged. Its forward, per row:
+
+1. ``states``: the slice's normalizers (base and log Z) of both models (one read of the slice);
+2. one gather of the four normalizers of every rank (16 bytes per row per rank), merged exactly
+   (``ms_kldiv._distill_math.merged_log_z``) into the whole row's, relative to this slice's bases;
+3. ``forward_given``: the slice's sums (loss, sum(a), sum(b)) under the whole row's normalizers (one more read);
+4. one SUM all-reduce of those three sums (12 bytes per row).
+
+Every rank then holds the whole row's stats, so the backward is the backend's own backward kernel on its slice:
+no collective at all. MindSpore's CPU collectives have SUM all-reduce on any group but all-gather on the world
+group only; a gather on another group is then a SUM all-reduce of one-writer slots (exact: the other slots are
+zeros). HCCL and NCCL gather directly.
+"""
+import functools
+
+import mindspore as ms
+from mindspore import nn, ops
+
+from .._distill_math import BASE_S, BASE_T, KL, LOG_Z_S, LOG_Z_T, merged_log_z
+
+#: Bytes a rank sends per row and per collective: the gathered normalizers (float32 x 4) and the summed sums.
+GATHER_BYTES_PER_ROW, SUM_BYTES_PER_ROW = 16, 12
+
+
+class VocabGroup:
+    """A communication group whose ranks each hold one slice of the vocabulary: its name, size, this process's
+    index in it and the collectives the loss uses."""
+
+    def __init__(self, name):
+        from mindspore import communication  # pylint: disable=import-outside-toplevel
+        # (imported here: importing mindspore.communication sets up nothing, but a loss without a group never
+        # needs it, and its import costs time at package import)
+        self.name = name
+        self.ranks = tuple(communication.get_process_group_ranks(name))
+        self.size = len(self.ranks)
+        self.index = self.ranks.index(communication.get_rank())
+        world = name in (communication.GlobalComm.WORLD_COMM_GROUP, "hccl_world_group", "nccl_world_group",
+                         "mccl_world_group")
+        self.direct_gather = world or ms.get_context("device_target") != "CPU"
+
+    def __repr__(self):
+        return f"VocabGroup({self.name!r}, ranks={list(self.ranks)})"
+
+
+@functools.lru_cache(maxsize=None)
+def vocab_group(name):
+    """The ``VocabGroup`` of a group name (created once per process)."""
+    return VocabGroup(name)
+
+
+class _Gather(nn.Cell):
+    """x [R, C] of every rank of the group, in rank order: [size, R, C]."""
+
+    def __init__(self, group):
+        super().__init__()
+        self.size = group.size
+        self.direct = group.direct_gather
+        if self.direct:
+            self.gather = ops.AllGather(group.name)
+        else:
+            self.sum = ops.AllReduce(ops.ReduceOp.SUM, group.name)
+            self.slot = ms.Tensor([[[i == group.index]] for i in range(group.size)], ms.bool_)
+
+    def construct(self, x):
+        if self.direct:
+            return ops.reshape(self.gather(x), (self.size, -1, x.shape[-1]))
+        # one-writer slots: adding zeros is exact, and -inf / NaN in a slot stay what they are
+        return self.sum(ops.where(self.slot, ops.expand_dims(x, 0), 0.0))
+
+
+def _columns(x, index):
+    """Columns ``index`` (a constant int32 Tensor) of a 2-D x: a gather, which works for any row count."""
+    return ops.gather(x, index, 1)
+
+
+class _SliceForward(nn.Cell):
+    """(s, t) -> the whole row's stats [R, STATS] for this rank's slices [R, V_r] of both logits."""
+
+    def __init__(self, kernels, group, temperature, beta, variant):
+        super().__init__()
+        self.states = kernels.states(temperature, variant)
+        self.given = kernels.forward_given(temperature, beta, variant)
+        self.gather = _Gather(group)
+        self.sum = ops.AllReduce(ops.ReduceOp.SUM, group.name)
+        self.temperature = temperature
+        self.normalizers = ms.Tensor([BASE_S, LOG_Z_S, BASE_T, LOG_Z_T], ms.int32)
+        self.bases = ms.Tensor([BASE_S, BASE_T], ms.int32)
+        self.sums = ms.Tensor([0, 3, 4], ms.int32)
+        # the primitive: the functional ops.zeros_like in a Cell that has a bprop fails graph compilation when the
+        # differentiated function has an input it does not use ("The func graph is empty ... zeros_like")
+        self.zeros_like = ops.ZerosLike()
+
+    def construct(self, s, t):
+        states = self.states(s, t)
+        log_z_s, log_z_t = merged_log_z(states, self.gather(_columns(states, self.normalizers)), self.temperature)
+        zero = self.zeros_like(ops.expand_dims(log_z_s, -1))
+        base_s, base_t = ops.split(_columns(states, self.bases), 1, -1)
+        log_z_s, log_z_t = ops.expand_dims(log_z_s, -1), ops.expand_dims(log_z_t, -1)
+        # (assembled by concatenation: a product with a 0/1 mask would turn an inf normalizer into NaN elsewhere)
+        merged = ops.concat((zero, log_z_s, log_z_t, zero, zero, base_s, base_t, zero), -1)
+        loss, sum_a, sum_b = ops.split(self.sum(_columns(self.given(s, t, merged), self.sums)), 1, -1)
+        return ops.concat((loss, log_z_s, log_z_t, sum_a, sum_b, base_s, base_t, zero), -1)
+
+
+class VocabParallelKernels:
+    """The distillation kernel contract (``ms_kldiv.backends.base``) of ``kernels`` over vocabulary slices spread
+    across ``group`` (a ``VocabGroup``). First order only: differentiating its backward again raises."""
+
+    second_order = False
+
+    def __init__(self, kernels, group):
+        self.kernels = kernels
+        self.group = group
+        self.dtypes = kernels.dtypes
+
+    def unsupported(self, variant):
+        return self.kernels.unsupported(variant)
+
+    def forward(self, temperature, beta, variant=KL):
+        """Cell (s, t) [R, V_r] (2-D: the callers flatten) -> the whole rows' stats [R, STATS]."""
+        return _SliceForward(self.kernels, self.group, temperature, beta, variant)
+
+    def backward(self, temperature, beta, teacher_grad, variant=KL):
+        return self.kernels.backward_given(temperature, beta, teacher_grad, variant)
+
+    def backward_teacher(self, temperature, beta, variant=KL):
+        return self.kernels.backward_teacher_given(temperature, beta, variant)

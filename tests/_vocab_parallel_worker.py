@@ -1,0 +1,157 @@
+"""One msrun worker of tests/test_vocab_parallel.py: vocabulary-parallel losses against one process on the whole
+vocabulary, in PyNative, under ms.jit and as a GRAPH_MODE Cell.
+
+Every rank of a tensor-parallel group builds the same full logits (seeded by its data-parallel index), keeps its
+slice of the vocabulary (uneven when V is not divisible), and compares the sliced loss and the gradients of its
+slices with the unsliced loss computed in this process. Each rank writes its records to OUT/rank<r>.json.
+"""
+import argparse
+import json
+import os
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import nn, ops
+from mindspore.communication import GlobalComm, create_group, get_group_size, get_rank, init
+
+import ms_kldiv
+
+# (name, options of the loss); each runs in three modes
+CASES = {
+    "full": [
+        ("fwd_kl", dict(beta=0.0)),
+        ("rev_kl_T2", dict(beta=1.0, temperature=2.0)),
+        ("jsd", dict(beta=0.3, temperature=1.5)),
+        ("tvd", dict(divergence="tvd")),
+        ("skew_kl", dict(divergence="skew_kl", alpha=0.2)),
+        ("skew_rkl", dict(divergence="skew_rkl")),
+        ("symmetric_softcap", dict(divergence="symmetric_kl", softcap=3.0, logit_scale=1.5)),
+        ("labels_weights_tokenmean", dict(beta=0.0, labels=True, weights=True, reduction="tokenmean")),
+        ("composite_jsd_sum", dict(beta=0.5, backend="composite", reduction="sum", labels=True)),
+        ("bf16_fwd", dict(beta=0.0, dtype="bfloat16")),
+        ("padded_vocab", dict(beta=0.5, pad=True)),
+    ],
+    "short": [
+        ("fwd_kl", dict(beta=0.0, labels=True)),
+        ("jsd", dict(beta=0.5, temperature=2.0)),
+        ("tvd_composite", dict(divergence="tvd", backend="composite")),
+    ],
+}
+MODES = ("pynative", "jit", "cell")
+
+
+def _slices(vocab, size):
+    bounds = [vocab * r // size for r in range(size + 1)]
+    return bounds
+
+
+class _LossCell(nn.Cell):
+    def __init__(self, loss):
+        super().__init__()
+        self.loss = loss
+
+    def construct(self, s, t, labels, weights, num_items):
+        return self.loss(s, t, labels, weights, num_items)
+
+
+def _inputs(rng, rows, vocab, opts, dtype):
+    s = (rng.normal(size=(rows, vocab)) * 2.5).astype(np.float32)
+    t = (rng.normal(size=(rows, vocab)) * 2.5).astype(np.float32)
+    if opts.get("pad"):
+        # -inf vocabulary padding in both models: the last classes of the last slice
+        s[:, -3:] = -np.inf
+        t[:, -3:] = -np.inf
+    labels = rng.integers(0, 5, size=(rows,)).astype(np.int32)
+    labels[::3] = -100
+    weights = rng.uniform(0.0, 2.0, size=(rows,)).astype(np.float32)
+    weights[1] = 0.0
+    return s, t, labels, weights
+
+
+def _value_and_grads(fn, mode, s, t, labels, weights, num_items):
+    if mode == "cell":
+        ms.set_context(mode=ms.GRAPH_MODE)
+        try:
+            vg = ms.value_and_grad(_LossCell(fn), grad_position=(0, 1))
+            value, (gs, gt) = vg(s, t, labels, weights, num_items)
+        finally:
+            ms.set_context(mode=ms.PYNATIVE_MODE)
+    else:
+        vg = ms.value_and_grad(fn, grad_position=(0, 1))
+        if mode == "jit":
+            vg = ms.jit(vg)
+        value, (gs, gt) = vg(s, t, labels, weights, num_items)
+    return (float(ops.cast(value, ms.float32).asnumpy()), ops.cast(gs, ms.float32).asnumpy(),
+            ops.cast(gt, ms.float32).asnumpy())
+
+
+def _make_loss(opts, group, num_items):
+    kwargs = {k: opts[k] for k in ("beta", "divergence", "alpha", "softcap", "logit_scale") if k in opts}
+    loss = ms_kldiv.DistillationLoss(opts.get("temperature", 1.0), opts.get("reduction", "batchmean"),
+                                     backend=opts.get("backend", "auto"), vocab_parallel_group=group, **kwargs)
+    use_labels, use_weights = opts.get("labels", False), opts.get("weights", False)
+
+    def fn(s, t, labels, weights, n):
+        return loss(s, t, labels if use_labels else None, weights if use_weights else None,
+                    n if num_items else None)
+    return fn
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--tp", type=int, required=True)
+    parser.add_argument("--cases", default="full")
+    parser.add_argument("--vocab", type=int, default=37)
+    parser.add_argument("--rows", type=int, default=6)
+    args = parser.parse_args()
+    init()
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    rank, world = get_rank(), get_group_size()
+    tp = args.tp
+    dp_index, tp_index = rank // tp, rank % tp
+    if tp == world:
+        group = GlobalComm.WORLD_COMM_GROUP
+    else:
+        group = f"vocab_tp{dp_index}"
+        create_group(group, list(range(dp_index * tp, (dp_index + 1) * tp)))
+    bounds = _slices(args.vocab, tp)
+    lo, hi = bounds[tp_index], bounds[tp_index + 1]
+    records = []
+    for name, opts in CASES[args.cases]:
+        rng = np.random.default_rng(1000 + 17 * dp_index + len(name))
+        dtype = getattr(ms, opts.get("dtype", "float32"))
+        s, t, labels, weights = _inputs(rng, args.rows, args.vocab, opts, dtype)
+        if dp_index == 1 and opts.get("labels"):
+            labels[:] = -100  # a data-parallel rank whose rows are all ignored
+        num_items = opts.get("reduction", "batchmean") != "sum"
+        count = float(np.sum(weights[labels != -100]) if opts.get("weights") and opts.get("labels") else
+                      np.sum(labels != -100) if opts.get("labels") else args.rows)
+        n_t = ms.Tensor(max(count, 1.0), ms.float32)
+        full = [ms.Tensor(s, dtype), ms.Tensor(t, dtype)]
+        part = [ms.Tensor(np.ascontiguousarray(s[:, lo:hi]), dtype), ms.Tensor(np.ascontiguousarray(t[:, lo:hi]),
+                                                                                 dtype)]
+        lab, wts = ms.Tensor(labels), ms.Tensor(weights)
+        ref_v, ref_gs, ref_gt = _value_and_grads(_make_loss(opts, None, False), "pynative", *full, lab, wts, n_t)
+        for mode in MODES:
+            # the sliced loss, and (batchmean / tokenmean) the same with the count passed as num_items_in_batch
+            for with_count in ((False, True) if num_items and mode == "pynative" else (False,)):
+                v, gs, gt = _value_and_grads(_make_loss(opts, group, with_count), mode, *part, lab, wts, n_t)
+                scale = max(np.abs(ref_gs).max(), np.abs(ref_gt).max(), 1e-30)
+                records.append({
+                    "case": name, "mode": mode, "num_items": with_count, "rank": rank, "dtype": str(dtype),
+                    "value": v, "reference": ref_v,
+                    "value_rel": abs(v - ref_v) / max(abs(ref_v), 1e-30),
+                    "grad_rel": float(max(np.abs(gs - ref_gs[:, lo:hi]).max(), np.abs(gt - ref_gt[:, lo:hi]).max())
+                                      / scale),
+                    "finite": bool(np.isfinite(v) and np.all(np.isfinite(gs)) and np.all(np.isfinite(gt))),
+                })
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+        json.dump(records, f)
+    print(f"rank {rank}/{world}: {len(records)} records", flush=True)
+
+
+if __name__ == "__main__":
+    main()

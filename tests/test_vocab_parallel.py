@@ -1,0 +1,176 @@
+"""Vocabulary-parallel distillation (``vocab_parallel_group=``).
+
+In one process: the slice kernels of every backend (``states``, ``forward_given``, ``backward_given``) with the
+ranks' collectives done by hand (the merge of ``ms_kldiv._distill_math``) give the whole rows' loss and gradients,
+and bad arguments raise before anything runs. Under msrun (CPU workers, MindSpore's mccl): tensor-parallel groups
+of 2 and 4 ranks and 2 x 2 (tensor x data parallel, sub-groups) against one process on the whole vocabulary, in
+PyNative, under ms.jit and as a GRAPH_MODE Cell (tests/_vocab_parallel_worker.py runs them).
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import mindspore as ms
+from mindspore import ops
+
+import ms_kldiv
+from ms_kldiv import reference
+from ms_kldiv._distill_math import KL, Variant, merged_log_z
+from ms_kldiv.backends import get_distill_kernels
+import _procs
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_vocab_parallel_worker.py")
+MSRUN_TIMEOUT_S = 600
+
+VARIANTS = [
+    ("fwd_kl", 0.0, KL),
+    ("rev_kl", 1.0, KL),
+    ("jsd", 0.3, KL),
+    ("tvd", 0.0, Variant("tvd", 0.0, 0.0, 1.0)),
+    ("skew_rkl", 0.0, Variant("skew_rkl", 0.1, 0.0, 1.0)),
+    ("symmetric_softcap", 0.0, Variant("symmetric_kl", 0.5, 4.0, 1.5)),
+]
+
+
+def _sliced_by_hand(kernels, s, t, bounds, temperature, beta, variant, dloss):
+    """The vocabulary-parallel forward and backward of ``kernels`` over slices ``bounds`` of [R, V] logits, the
+    collectives done here: (row losses [R], d_student [R, V], d_teacher [R, V])."""
+    states_op = kernels.states(temperature, variant)
+    given_op = kernels.forward_given(temperature, beta, variant)
+    backward_op = kernels.backward_given(temperature, beta, True, variant)
+    parts = [(ms.Tensor(s[:, a:b]), ms.Tensor(t[:, a:b])) for a, b in zip(bounds[:-1], bounds[1:])]
+    states = [states_op(ps, pt) for ps, pt in parts]
+    gathered = ops.stack([ops.gather(st, ms.Tensor([5, 1, 6, 2], ms.int32), 1) for st in states], 0)
+    merged = []
+    for st in states:
+        log_z_s, log_z_t = merged_log_z(st, gathered, temperature)
+        m = st.asnumpy().copy()
+        m[:, 1], m[:, 2] = log_z_s.asnumpy(), log_z_t.asnumpy()
+        merged.append(m)
+    sums = sum(given_op(ps, pt, ms.Tensor(m)).asnumpy()[:, [0, 3, 4]] for (ps, pt), m in zip(parts, merged))
+    ds, dt = [], []
+    for (ps, pt), m in zip(parts, merged):
+        m[:, [0, 3, 4]] = sums
+        gs, gt = backward_op(ps, pt, ms.Tensor(m), ms.Tensor(dloss))
+        ds.append(gs.asnumpy())
+        dt.append(gt.asnumpy())
+    return sums[:, 0], np.concatenate(ds, 1), np.concatenate(dt, 1)
+
+
+@pytest.mark.parametrize("backend", ["aot", "composite"])
+@pytest.mark.parametrize("name,beta,variant", VARIANTS, ids=[v[0] for v in VARIANTS])
+@pytest.mark.parametrize("bounds", [(0, 7, 13), (0, 4, 4, 9, 13)], ids=["tp2", "tp4_one_empty_slice"])
+def test_slice_kernels_against_float64_reference(backend, name, beta, variant, bounds):
+    rng = np.random.default_rng(len(name) + 3 * len(bounds))
+    rows, vocab, temperature = 5, 13, 1.7
+    s = (rng.normal(size=(rows, vocab)) * 3).astype(np.float32)
+    t = (rng.normal(size=(rows, vocab)) * 3).astype(np.float32)
+    s[0, 2] = t[0, 2] = -np.inf  # a class masked in both
+    s[1] += 200.0  # huge logits: the merge never subtracts two large log-sum-exps
+    t[1] += 200.0
+    _, kernels = get_distill_kernels(backend, "CPU")
+    dloss = rng.uniform(0.5, 1.5, size=rows).astype(np.float32)
+    loss, ds, dt = _sliced_by_hand(kernels, s, t, bounds, temperature, beta, variant, dloss)
+    ref = reference.distillation_pointwise(s.astype(np.float64), t.astype(np.float64), temperature, beta,
+                                           variant.divergence, variant.alpha, variant.softcap,
+                                           variant.logit_scale).sum(-1)
+    np.testing.assert_allclose(loss, ref, rtol=2e-6, atol=1e-6)
+    # the gradients: those of the same kernels on the whole rows (tested against float64 in their own files)
+    full_s, full_t = ms.Tensor(s), ms.Tensor(t)
+    stats = kernels.forward(temperature, beta, variant)(full_s, full_t)
+    ref_ds, ref_dt = kernels.backward(temperature, beta, True, variant)(full_s, full_t, stats, ms.Tensor(dloss))
+    scale = max(np.abs(ref_ds.asnumpy()).max(), np.abs(ref_dt.asnumpy()).max())
+    np.testing.assert_allclose(ds, ref_ds.asnumpy(), rtol=0, atol=2e-6 * scale)
+    np.testing.assert_allclose(dt, ref_dt.asnumpy(), rtol=0, atol=2e-6 * scale)
+
+
+# ------------------------------------------------------------------------------------------------ bad arguments
+def _logits():
+    return ms.Tensor(np.zeros((2, 5), np.float32)), ms.Tensor(np.zeros((2, 5), np.float32))
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(vocab_parallel_group=3), TypeError, "vocab_parallel_group"),
+    (dict(vocab_parallel_group="no_such_group"), ValueError, "vocab_parallel_group"),
+    (dict(vocab_parallel_group="g", reduction="none"), ValueError, "reducing"),
+    (dict(vocab_parallel_group="g", reduction="mean"), ValueError, "'mean'"),
+    (dict(num_items_in_batch=0), ValueError, "num_items_in_batch"),
+    (dict(num_items_in_batch="7"), TypeError, "num_items_in_batch"),
+    (dict(num_items_in_batch=4.0, reduction="sum"), ValueError, "num_items_in_batch"),
+])
+def test_bad_arguments_raise_before_running(kwargs, error, match):
+    s, t = _logits()
+    reduction = kwargs.pop("reduction", "batchmean")
+    with pytest.raises(error, match=match):
+        ms_kldiv.distillation_loss(s, t, reduction=reduction, **kwargs)
+    if "vocab_parallel_group" in kwargs:
+        with pytest.raises(error, match=match):
+            ms_kldiv.DistillationLoss(reduction=reduction, **kwargs)
+
+
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+def test_num_items_in_batch_makes_micro_batches_add_up(mode):
+    """Two micro-batches with different counted tokens, each divided by the whole batch's count: their losses and
+    gradients add up to the whole batch's 'tokenmean' loss (each dividing by its own count would not)."""
+    rng = np.random.default_rng(7)
+    s = rng.normal(size=(2, 6, 11)).astype(np.float32)
+    t = rng.normal(size=(2, 6, 11)).astype(np.float32)
+    labels = np.zeros((2, 6), np.int32)
+    labels[0, 4:] = -100
+    labels[1, 1:] = -100  # 4 counted tokens in the first micro-batch, 1 in the second
+    loss = ms_kldiv.DistillationLoss(2.0, "tokenmean", beta=0.5)
+
+    def micro(a, b, lab, n):
+        return loss(a, b, lab, None, n)
+
+    def whole(a, b, lab):
+        return loss(a, b, lab)
+
+    vg_micro, vg_whole = ms.value_and_grad(micro), ms.value_and_grad(whole)
+    if mode == "graph":
+        vg_micro, vg_whole = ms.jit(vg_micro), ms.jit(vg_whole)
+    n = ms.Tensor(float((labels != -100).sum()), ms.float32)
+    parts = [vg_micro(ms.Tensor(s[i:i + 1]), ms.Tensor(t[i:i + 1]), ms.Tensor(labels[i:i + 1]), n) for i in (0, 1)]
+    value, grad = vg_whole(ms.Tensor(s), ms.Tensor(t), ms.Tensor(labels))
+    np.testing.assert_allclose(sum(float(v) for v, _ in parts), float(value), rtol=1e-6)
+    np.testing.assert_allclose(np.concatenate([g.asnumpy() for _, g in parts]), grad.asnumpy(), rtol=1e-5,
+                               atol=1e-8)
+    own = sum(float(loss(ms.Tensor(s[i:i + 1]), ms.Tensor(t[i:i + 1]), ms.Tensor(labels[i:i + 1]))) for i in (0, 1))
+    assert abs(own - float(value)) > 1e-3 * abs(float(value))  # per-micro-batch normalization is not the same
+
+
+# ------------------------------------------------------------------------------------------------------- msrun
+def _records(out_dir, ranks):
+    records = []
+    for r in range(ranks):
+        with open(out_dir / f"rank{r}.json") as f:
+            records += json.load(f)
+    return records
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_procs.msrun_path() is None, reason="msrun (MindSpore's launcher) is not installed")
+@pytest.mark.parametrize("workers,tp,cases", [(2, 2, "full"), (4, 4, "short"), (4, 2, "short")],
+                         ids=["tp2", "tp4", "tp2_x_dp2"])
+def test_sharded_equals_one_process(tmp_path, workers, tp, cases):
+    cwd, out_dir, log_dir = tmp_path / "cwd", tmp_path / "out", tmp_path / "logs"
+    cwd.mkdir()
+    rc, out, logs = _procs.msrun(workers, WORKER, ["--out", str(out_dir), "--tp", str(tp), "--cases", cases],
+                                 log_dir, cwd, MSRUN_TIMEOUT_S)
+    assert rc == 0, f"msrun failed (rc={rc}):\n{out[-3000:]}\n{logs}"
+    records = _records(out_dir, workers)
+    modes = {r["mode"] for r in records}
+    assert modes == {"pynative", "jit", "cell"}, modes
+    assert len({r["case"] for r in records}) == (11 if cases == "full" else 3)
+    for r in records:
+        half = "BFloat16" in r["dtype"]
+        what = f"{r['case']} {r['mode']} rank {r['rank']} num_items={r['num_items']}"
+        assert r["finite"], what
+        assert r["value_rel"] <= (1e-2 if half else 1e-6), (what, r)
+        assert r["grad_rel"] <= (1e-2 if half else 1e-5), (what, r)
+    if tp < workers:  # the second data-parallel group's labelled rows are all ignored: loss 0
+        ignored = [r for r in records if r["rank"] >= tp and r["case"] == "fwd_kl"]
+        assert ignored and all(r["value"] == 0.0 == r["reference"] for r in ignored)
+    assert list(cwd.iterdir()) == [], "msrun or the workers wrote into the working directory"
