@@ -329,3 +329,43 @@ def cross_entropy_and_grad(logits, labels, keep, weights=None, z_loss=0.0, label
     loss = ops.sum(ops.where(outside, float("nan"), 0.0)) + ops.sum(ops.where(keep, row_loss * w, 0.0))
     grad = ops.where(keep2, grad * w2, 0.0)
     return loss, ops.where(ops.expand_dims(outside, 1), float("nan"), grad)
+
+
+def sliced_cross_entropy_and_grad(logits, labels, keep, weights, z_loss, label_smoothing, vocab_start, vocab,
+                                  gather, total):
+    """``cross_entropy_and_grad`` of the whole rows for this rank's slice [C, V_r] of their logits (columns
+    ``vocab_start`` .. ``vocab_start + V_r`` of ``vocab``, 0-d int32 tensors): ``gather`` (x [C, k] -> every
+    rank's [ranks, C, k]) merges the slices' normalizers exactly, ``total`` (a SUM over the ranks) adds the label's
+    log-probability and the label-smoothing sums; the gradient is this slice's."""
+    base, log_z = _slice_normalizer(logits, 1.0)
+    mine = ops.stack([base, log_z], -1)
+    every = gather(mine)
+    lse_r = every[:, :, 0] + every[:, :, 1]
+    top = ops.amax(lse_r, 0)
+    top = ops.where(top == _NEG_INF, 0.0, top)
+    lse = top + ops.log(ops.sum(ops.exp(lse_r - top), 0))
+    log_p = logits - ops.expand_dims(lse, 1)
+    local = ops.expand_dims(labels - vocab_start, 1)
+    keep2 = ops.expand_dims(keep, 1)
+    hit = ops.logical_and(keep2, ops.arange(logits.shape[-1], dtype=labels.dtype) == local)
+    finite = log_p > _NEG_INF
+    sums = total(ops.stack([ops.sum(ops.where(hit, log_p, 0.0), -1), ops.sum(ops.cast(finite, logits.dtype), -1),
+                            ops.sum(ops.where(finite, log_p, 0.0), -1)], -1))
+    label_log_p, classes, finite_log_p = sums[:, 0], sums[:, 1], sums[:, 2]
+    w = ops.cast(keep, logits.dtype) if weights is None else ops.where(keep, weights, 0.0)
+    outside = ops.logical_and(keep, ops.logical_or(labels < 0, labels >= vocab))
+    p = ops.exp(log_p)
+    target = ops.cast(hit, logits.dtype)
+    row_loss = -label_log_p
+    if label_smoothing:
+        eps = ops.cast(_f64(label_smoothing), logits.dtype)
+        target = (1.0 - eps) * target + eps * ops.cast(finite, logits.dtype) / ops.expand_dims(classes, 1)
+        row_loss = (1.0 - eps) * row_loss - eps * finite_log_p / classes
+    grad = p - target
+    if z_loss:
+        z = ops.cast(_f64(z_loss), logits.dtype)
+        row_loss = row_loss + z * lse * lse
+        grad = grad + 2.0 * z * ops.expand_dims(lse, 1) * p
+    loss = ops.sum(ops.where(outside, float("nan"), 0.0)) + ops.sum(ops.where(keep, row_loss * w, 0.0))
+    grad = ops.where(keep2, grad * ops.expand_dims(w, 1), 0.0)
+    return loss, ops.where(ops.expand_dims(outside, 1), float("nan"), grad)

@@ -26,8 +26,9 @@ from mindspore import Tensor, nn, ops
 from mindspore.ops import constexpr
 
 from . import _validation
-from ._distill_math import KL, cross_entropy_and_grad, transform_slope, transformed
+from ._distill_math import KL, cross_entropy_and_grad, sliced_cross_entropy_and_grad, transform_slope, transformed
 from .backends import check_name, compiled, get_distill_kernels, get_kernels
+from .backends.vocab_parallel import VocabParallelKernels, gather_cell, sum_cell, vocab_group
 
 _NAME = "FusedLinearDistillationLoss"
 #: Default bound on one chunk's logits (student and teacher together), in bytes of float32.
@@ -57,8 +58,11 @@ class _ChunkStep(nn.Cell):
     ``student`` / ``teacher``: which gradients this pass computes (the loss comes with the student's)."""
 
     def __init__(self, kernels, temperature, beta, ignore_index, hard_weight, soft_weight, student, teacher,
-                 teacher_logits, stored=None, variant=KL, hard_options=(0.0, 0.0)):
+                 teacher_logits, stored=None, variant=KL, hard_options=(0.0, 0.0), group=None):
         super().__init__()
+        self.sliced = group is not None  # this rank holds a slice of the vocabulary (vocab_parallel_group)
+        if self.sliced:
+            self.gather, self.total = gather_cell(group), sum_cell(group)
         self.ignore_index = ignore_index
         self.hard_weight = hard_weight
         self.variant = variant
@@ -83,7 +87,7 @@ class _ChunkStep(nn.Cell):
                                    else _TeacherOnly(kernels, temperature, beta, variant))
 
     def construct(self, i, carry):
-        hs, ws, bs, ht, wt, bt, labels, weights, scale, offsets, loss, dhs, dws, dbs, dht, dwt, dbt = carry
+        hs, ws, bs, ht, wt, bt, labels, weights, scale, offsets, vocab, loss, dhs, dws, dbs, dht, dwt, dbt = carry
         rows = ops.cast(ops.dyn_shape(labels)[0], ms.int32)
         idx = offsets + i * offsets.shape[0]
         inside = idx < rows
@@ -109,8 +113,13 @@ class _ChunkStep(nn.Cell):
             ds = self.kernel_student(s_c, *teacher_c, stats, g) * (self.soft_weight * scale)
             if self.hard_weight != 0:
                 z = transformed(s_c, self.variant) if self.transformed else s_c
-                hard, dce = cross_entropy_and_grad(z, ops.where(keep, label, 0), keep, g, self.z_loss,
-                                                   self.label_smoothing)
+                if self.sliced:  # vocab: (this slice's first column, the whole vocabulary)
+                    hard, dce = sliced_cross_entropy_and_grad(z, ops.where(keep, label, 0), keep, g, self.z_loss,
+                                                              self.label_smoothing, vocab[0], vocab[1], self.gather,
+                                                              self.total)
+                else:
+                    hard, dce = cross_entropy_and_grad(z, ops.where(keep, label, 0), keep, g, self.z_loss,
+                                                       self.label_smoothing)
                 if self.transformed:
                     dce = dce * transform_slope(s_c, self.variant)
                 loss = loss + hard * (self.hard_weight * scale)
@@ -123,7 +132,7 @@ class _ChunkStep(nn.Cell):
             dht = ops.tensor_scatter_add(dht, at, ops.matmul(dt, wt))
             dwt = dwt + _t_matmul(dt, ht_c)
             dbt = dbt + ops.sum(dt, 0)
-        return hs, ws, bs, ht, wt, bt, labels, weights, scale, offsets, loss, dhs, dws, dbs, dht, dwt, dbt
+        return hs, ws, bs, ht, wt, bt, labels, weights, scale, offsets, vocab, loss, dhs, dws, dbs, dht, dwt, dbt
 
 
 class _StudentOnly(nn.Cell):
@@ -170,11 +179,15 @@ class _ChunkLoop(nn.Cell):
     """One pass of the chunk loop (``_ChunkStep`` as its body) over the inputs of ``_FusedCore``: (loss, d hs, d ws,
     d bs, d ht, d wt, d bt), a 0-d zero for what this pass does not compute (no [V, H] buffer is held for it)."""
 
-    def __init__(self, step, chunk_size, chunk_bytes):
+    def __init__(self, step, chunk_size, chunk_bytes, group=None):
         super().__init__()
         self.step = step
         self.student, self.teacher = step.student, step.teacher  # which accumulators the carry holds
         self.chunk_size, self.chunk_bytes = chunk_size, chunk_bytes
+        self.sliced = group is not None
+        if self.sliced:  # each rank's d(hidden) is its slice's part: the group sums them
+            self.gather, self.total = gather_cell(group), sum_cell(group)
+            self.below = ms.Tensor([[[r < group.index]] for r in range(group.size)], ms.bool_)
 
     def construct(self, hs, ws, bs, ht, wt, bt, labels, weights, count):
         f32 = ms.float32
@@ -191,8 +204,24 @@ class _ChunkLoop(nn.Cell):
         teacher = (ops.zeros_like(ht), ops.zeros_like(wt), ops.zeros_like(bt)) if self.teacher else (zero,) * 3
         # the 0-d scale: 1 / the counted rows' weights (0 when they sum to 0: nothing is counted)
         scale = ops.where(count > 0, 1.0 / ops.where(count > 0, count, 1.0), 0.0)
-        carry = (hs, ws, bs, ht, wt, bt, labels, weights, scale, offsets, zero) + student + teacher
-        return _loop(self.step, chunks, carry, compiled(hs))[10:]
+        vocab = self._vocab(ws)
+        carry = (hs, ws, bs, ht, wt, bt, labels, weights, scale, offsets, vocab, zero) + student + teacher
+        out = _loop(self.step, chunks, carry, compiled(hs))[11:]
+        if not self.sliced:
+            return out
+        loss, dhs, dws, dbs, dht, dwt, dbt = out
+        return (loss, self.total(dhs) if self.student else dhs, dws, dbs, self.total(dht) if self.teacher else dht,
+                dwt, dbt)
+
+    def _vocab(self, ws):
+        """int32 [2]: this rank's first vocabulary column and the whole vocabulary (the sizes of every rank's
+        slice, gathered at run time: slices may be uneven)."""
+        size = ops.cast(ops.reshape(ops.dyn_shape(ws)[:1], (1, 1)), ms.float32)
+        if not self.sliced:
+            return ops.cast(ops.concat((size[0] * 0.0, size[0])), ms.int32)
+        sizes = self.gather(size)
+        start = ops.sum(ops.where(self.below, sizes, 0.0))
+        return ops.cast(ops.stack((start, ops.sum(sizes))), ms.int32)
 
 
 def _cut(*tensors):
@@ -228,14 +257,14 @@ class _FusedCore(nn.Cell):
     """
 
     def __init__(self, kernels, temperature, beta, ignore_index, hard_weight, soft_weight, chunk_size, chunk_bytes,
-                 teacher_grad, teacher_logits=False, stored=None, variant=KL, hard_options=(0.0, 0.0)):
+                 teacher_grad, teacher_logits=False, stored=None, variant=KL, hard_options=(0.0, 0.0), group=None):
         super().__init__()
         self.teacher_grad = teacher_grad and not teacher_logits and stored is None
         args = (kernels, temperature, beta, ignore_index, hard_weight, soft_weight)
 
         def chunk_loop(student, teacher):
-            return _ChunkLoop(_ChunkStep(*args, student, teacher, teacher_logits, stored, variant, hard_options),
-                              chunk_size, chunk_bytes)
+            return _ChunkLoop(_ChunkStep(*args, student, teacher, teacher_logits, stored, variant, hard_options,
+                                         group), chunk_size, chunk_bytes, group)
 
         self.student_loop = chunk_loop(True, False)
         self.student_loop_pynative = _Unrecorded(self.student_loop)
@@ -361,8 +390,10 @@ class FusedLinearDistillationLoss(nn.Cell):
     def __init__(self, temperature=1.0, *, beta=0.0, ignore_index=-100, hard_weight=0.0, soft_weight=1.0,
                  chunk_size=None, chunk_bytes=None, teacher_grad=None, backend="auto", stored_mode="tail",
                  teacher_temperature=1.0, divergence="kl", alpha=None, softcap=None, logit_scale=1.0, z_loss=0.0,
-                 label_smoothing=0.0):
+                 label_smoothing=0.0, vocab_parallel_group=None):
         super().__init__()
+        _validation.check_vocab_parallel(vocab_parallel_group, "tokenmean", _NAME)
+        self.vocab_parallel_group = vocab_parallel_group
         _validation.check_temperature(temperature, _NAME)
         _validation.check_number(beta, "beta", _NAME, 0.0, 1.0)
         _validation.check_number(hard_weight, "hard_weight", _NAME, 0.0)
@@ -387,15 +418,22 @@ class FusedLinearDistillationLoss(nn.Cell):
         _validation.check_number(z_loss, "z_loss", _NAME, 0.0)
         _validation.check_number(label_smoothing, "label_smoothing", _NAME, 0.0, 1.0)
         self.z_loss, self.label_smoothing = float(z_loss), float(label_smoothing)
-        self.backend, kernels = _kernels_for(backend, self.variant)
+        group = None if vocab_parallel_group is None else vocab_group(vocab_parallel_group)
+        self.backend, kernels = _kernels_for(backend, self.variant, group is not None)
+        if group is not None:
+            kernels = VocabParallelKernels(kernels, group)
         args = (kernels, self.temperature, self.beta, ignore_index, self.hard_weight, self.soft_weight, chunk_size,
                 self.chunk_bytes)
-        options = dict(variant=self.variant, hard_options=(self.z_loss, self.label_smoothing))
+        options = dict(variant=self.variant, hard_options=(self.z_loss, self.label_smoothing), group=group)
         self.core = _FusedCore(*args, self.teacher_grad, **options)
         self.core_from_logits = _FusedCore(*args, False, teacher_logits=True, **options)
         # the stored-teacher head (from_teacher_topk): its options are checked when it is used
         self.stored_mode, self.teacher_temperature = stored_mode, teacher_temperature
         self._stored_error = _stored_options_error(stored_mode, teacher_temperature, self.beta, self.variant)
+        if group is not None and self._stored_error is None:
+            self._stored_error = ValueError(f"For '{_NAME}.from_teacher_topk', a stored teacher with "
+                                            f"'vocab_parallel_group' is not supported: gather the student's "
+                                            f"vocabulary or use the dense teacher.")
         self.core_from_stored = None
         if self._stored_error is None:
             try:
@@ -464,7 +502,8 @@ class FusedLinearDistillationLoss(nn.Cell):
             count = ops.cast(ops.reshape(ops.dyn_shape(hs)[:1], ()), ms.float32)
         else:
             labels = ops.cast(ops.reshape(labels, (-1,)), ms.int32)
-            if self.hard_weight != 0 and not compiled(labels):
+            if self.hard_weight != 0 and not compiled(labels) and self.vocab_parallel_group is None:
+                # (with a vocabulary split across ranks a label outside the whole vocabulary makes the loss NaN)
                 _check_label_range(labels, vocab, self.ignore_index)
             count = ops.sum(ops.cast(labels != self.ignore_index, ms.float32))
         if weights is None:
@@ -495,10 +534,10 @@ def _stored_options_error(mode, teacher_temperature, beta, variant):
     return None
 
 
-def _kernels_for(backend, variant):
+def _kernels_for(backend, variant, vocab_parallel=False):
     """(backend chosen, its distillation kernels for ``variant``); a bad ``backend=`` is named for this Cell."""
     check_name(backend, _NAME)
-    return get_distill_kernels(backend, variant=variant, caller=_NAME)
+    return get_distill_kernels(backend, variant=variant, caller=_NAME, vocab_parallel=vocab_parallel)
 
 
 def _check_label_range(labels, vocab, ignore_index):

@@ -98,6 +98,78 @@ def _make_loss(opts, group, num_items):
     return fn
 
 
+class _Student(nn.Cell):
+    """A replicated body (one Dense) and this rank's slice of the output head."""
+
+    def __init__(self, body_w, head_w, head_b):
+        super().__init__()
+        self.body = ms.Parameter(ms.Tensor(body_w), name="body")
+        self.head = ms.Parameter(ms.Tensor(head_w), name="head")
+        self.bias = ms.Parameter(ms.Tensor(head_b), name="bias")
+
+    def construct(self, x):
+        return ops.tanh(ops.matmul(x, self.body))
+
+
+class _HeadStep(nn.Cell):
+    def __init__(self, student, loss, teacher_w):
+        super().__init__()
+        self.student, self.loss = student, loss
+        self.teacher_w = ms.Parameter(ms.Tensor(teacher_w), name="teacher_w", requires_grad=False)
+
+    def construct(self, x, teacher_hidden, labels):
+        return self.loss(self.student(x), self.student.head, teacher_hidden, self.teacher_w, labels,
+                         self.student.bias)
+
+
+def _train_head(group, lo, hi, mode, opts, steps=3):
+    """Parameters after ``steps`` SGD steps of a TrainOneStepCell with the fused head on vocabulary columns
+    [lo, hi) (the whole vocabulary without a group)."""
+    rng = np.random.default_rng(5)
+    rows, h_in, hidden, vocab = 10, 6, 8, 37
+    body = (rng.normal(size=(h_in, hidden)) * 0.5).astype(np.float32)
+    head = (rng.normal(size=(vocab, hidden)) * 0.5).astype(np.float32)
+    bias = (rng.normal(size=(vocab,)) * 0.1).astype(np.float32)
+    teacher_w = (rng.normal(size=(vocab, hidden)) * 0.5).astype(np.float32)
+    x = ms.Tensor(rng.normal(size=(rows, h_in)).astype(np.float32))
+    teacher_hidden = ms.Tensor(rng.normal(size=(rows, hidden)).astype(np.float32))
+    labels = rng.integers(0, vocab, size=(rows,)).astype(np.int32)
+    labels[::4] = -100
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "cell" else ms.PYNATIVE_MODE)
+    try:
+        student = _Student(body, head[lo:hi], bias[lo:hi])
+        loss = ms_kldiv.FusedLinearDistillationLoss(vocab_parallel_group=group, chunk_size=3, **opts)
+        step = nn.TrainOneStepCell(_HeadStep(student, loss, teacher_w[lo:hi]),
+                                   nn.SGD(student.trainable_params(), learning_rate=0.5))
+        losses = [float(step(x, teacher_hidden, ms.Tensor(labels)).asnumpy()) for _ in range(steps)]
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    return losses, {p.name: p.asnumpy() for p in student.trainable_params()}
+
+
+HEAD_CASES = [
+    ("head_kl_hard", dict(temperature=2.0, hard_weight=0.5, label_smoothing=0.1, z_loss=1e-3)),
+    ("head_jsd_teacher_logits_free", dict(beta=0.5, teacher_grad=False)),
+]
+
+
+def _head_records(group, lo, hi, rank):
+    records = []
+    for name, opts in HEAD_CASES:
+        ref_losses, ref = _train_head(None, 0, 37, "pynative", opts)
+        for mode in ("pynative", "cell"):
+            losses, got = _train_head(group, lo, hi, mode, opts)
+            err = 0.0
+            for pname, value in got.items():
+                want = ref[pname][lo:hi] if pname.split(".")[-1] in ("head", "bias") else ref[pname]
+                err = max(err, float(np.abs(value - want).max() / max(np.abs(want).max(), 1e-30)))
+            records.append({"case": name, "mode": mode, "num_items": False, "rank": rank, "dtype": "Float32",
+                            "value": losses[-1], "reference": ref_losses[-1],
+                            "value_rel": max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses)),
+                            "grad_rel": err, "finite": bool(np.all(np.isfinite(losses)))})
+    return records
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -119,7 +191,10 @@ def main():
     bounds = _slices(args.vocab, tp)
     lo, hi = bounds[tp_index], bounds[tp_index + 1]
     records = []
-    for name, opts in CASES[args.cases]:
+    if args.cases == "head":
+        bounds = _slices(37, tp)
+        records = _head_records(group, bounds[tp_index], bounds[tp_index + 1], rank)
+    for name, opts in CASES.get(args.cases, []):
         rng = np.random.default_rng(1000 + 17 * dp_index + len(name))
         dtype = getattr(ms, opts.get("dtype", "float32"))
         s, t, labels, weights = _inputs(rng, args.rows, args.vocab, opts, dtype)

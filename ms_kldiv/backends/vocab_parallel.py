@@ -78,6 +78,16 @@ def _columns(x, index):
     return ops.gather(x, index, 1)
 
 
+def gather_cell(group):
+    """A Cell: x [R, C] -> every rank's [group.size, R, C], in rank order."""
+    return _Gather(group)
+
+
+def sum_cell(group):
+    """A Cell: x -> its SUM over the ranks of ``group``."""
+    return ops.AllReduce(ops.ReduceOp.SUM, group.name)
+
+
 class _SliceForward(nn.Cell):
     """(s, t) -> the whole row's stats [R, STATS] for this rank's slices [R, V_r] of both logits."""
 
@@ -85,8 +95,8 @@ class _SliceForward(nn.Cell):
         super().__init__()
         self.states = kernels.states(temperature, variant)
         self.given = kernels.forward_given(temperature, beta, variant)
-        self.gather = _Gather(group)
-        self.sum = ops.AllReduce(ops.ReduceOp.SUM, group.name)
+        self.gather = gather_cell(group)
+        self.sum = sum_cell(group)
         self.temperature = temperature
         self.normalizers = ms.Tensor([BASE_S, LOG_Z_S, BASE_T, LOG_Z_T], ms.int32)
         self.bases = ms.Tensor([BASE_S, BASE_T], ms.int32)
