@@ -8,6 +8,7 @@ PyNative, under ms.jit and as a GRAPH_MODE Cell (tests/_vocab_parallel_worker.py
 """
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -177,3 +178,33 @@ def test_sharded_equals_one_process(tmp_path, workers, tp, cases):
         ignored = [r for r in records if r["rank"] >= tp and r["case"] == "fwd_kl"]
         assert ignored and all(r["value"] == 0.0 == r["reference"] for r in ignored)
     assert list(cwd.iterdir()) == [], "msrun or the workers wrote into the working directory"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_procs.msrun_path() is None, reason="msrun (MindSpore's launcher) is not installed")
+def test_tensor_parallel_example(tmp_path):
+    """examples/tensor_parallel_kd.py: 2 ranks (uneven vocabulary slices, GRAPH_MODE) train as one process on the
+    whole vocabulary (PyNative) does: the same losses at every step, the same body, and each rank's head slice."""
+    script = os.path.join(_procs.REPO, "examples", "tensor_parallel_kd.py")
+    cwd, out_dir, log_dir = tmp_path / "cwd", tmp_path / "out", tmp_path / "logs"
+    cwd.mkdir()
+    rc, out, logs = _procs.msrun(2, script, ["--graph", "--steps", "6", "--out", str(out_dir)], log_dir, cwd,
+                                 MSRUN_TIMEOUT_S)
+    assert rc == 0, f"msrun failed (rc={rc}):\n{out[-3000:]}\n{logs}"
+    single = _procs.run([sys.executable, script, "--steps", "6", "--out", str(out_dir)], 300,
+                        cwd=cwd, env=_procs.msrun_env())
+    assert single.returncode == 0, single.stdout[-2000:] + single.stderr[-2000:]
+    with open(out_dir / "losses_single.json") as f:
+        ref = json.load(f)
+    ref_params = np.load(out_dir / "params_single.npz")
+    assert ref["losses"][-1] < ref["losses"][0]  # it trains
+    for rank in (0, 1):
+        with open(out_dir / f"losses_rank{rank}.json") as f:
+            got = json.load(f)
+        np.testing.assert_allclose(got["losses"], ref["losses"], rtol=1e-6)
+        params = np.load(out_dir / f"params_rank{rank}.npz")
+        lo, hi = got["lo"], got["hi"]
+        np.testing.assert_allclose(params["body"], ref_params["body"], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(params["head"], ref_params["head"][lo:hi], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(params["bias"], ref_params["bias"][lo:hi], rtol=1e-5, atol=1e-7)
+    assert list(cwd.iterdir()) == [], "the example wrote into the working directory"
