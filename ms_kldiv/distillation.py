@@ -275,8 +275,11 @@ def _distill_sliced(student_logits, teacher_logits, temperature, reduction, beta
     dtypes, rows_op = _sliced_rows(backend, device, temperature, beta, graph, variant, group)
     kernel_dtype = dtype if dtype in dtypes else ms.float32
     vocab = student_logits.shape[-1]
-    s2 = ops.reshape(ops.cast(student_logits, kernel_dtype), (-1, vocab))
-    t2 = ops.reshape(ops.cast(teacher_logits, kernel_dtype), (-1, vocab))
+    # (a cast only where the dtype changes: a cast to the same dtype copies the logits)
+    s2 = student_logits if student_logits.dtype == kernel_dtype else ops.cast(student_logits, kernel_dtype)
+    t2 = teacher_logits if teacher_logits.dtype == kernel_dtype else ops.cast(teacher_logits, kernel_dtype)
+    if len(ops.shape(s2)) != 2:
+        s2, t2 = ops.reshape(s2, (-1, vocab)), ops.reshape(t2, (-1, vocab))
     rows = rows_op(s2, t2)
     if beta not in (0, 1) or variant.divergence != "kl":
         check = _sliced_rows(backend, device, temperature, 0.0, graph, KL, group)[1]  # as in _distill

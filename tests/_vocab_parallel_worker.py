@@ -174,7 +174,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--tp", type=int, required=True)
-    parser.add_argument("--cases", default="full")
+    parser.add_argument("--cases", default="full", help="comma-separated: full, short, head")
     parser.add_argument("--vocab", type=int, default=37)
     parser.add_argument("--rows", type=int, default=6)
     args = parser.parse_args()
@@ -191,10 +191,11 @@ def main():
     bounds = _slices(args.vocab, tp)
     lo, hi = bounds[tp_index], bounds[tp_index + 1]
     records = []
-    if args.cases == "head":
+    suites = args.cases.split(",")
+    if "head" in suites:
         bounds = _slices(37, tp)
         records = _head_records(group, bounds[tp_index], bounds[tp_index + 1], rank)
-    for name, opts in CASES.get(args.cases, []):
+    for name, opts in [case for suite in suites for case in CASES.get(suite, [])]:
         rng = np.random.default_rng(1000 + 17 * dp_index + len(name))
         dtype = getattr(ms, opts.get("dtype", "float32"))
         s, t, labels, weights = _inputs(rng, args.rows, args.vocab, opts, dtype)

@@ -153,8 +153,8 @@ def _records(out_dir, ranks):
 
 @pytest.mark.slow
 @pytest.mark.skipif(_procs.msrun_path() is None, reason="msrun (MindSpore's launcher) is not installed")
-@pytest.mark.parametrize("workers,tp,cases", [(2, 2, "full"), (4, 4, "short"), (4, 2, "short"), (2, 2, "head")],
-                         ids=["tp2", "tp4", "tp2_x_dp2", "tp2_fused_head_training"])
+@pytest.mark.parametrize("workers,tp,cases", [(2, 2, "full,head"), (4, 4, "short"), (4, 2, "short")],
+                         ids=["tp2_and_fused_head_training", "tp4", "tp2_x_dp2"])
 def test_sharded_equals_one_process(tmp_path, workers, tp, cases):
     """Losses: value and both gradients of each rank's slices. The fused head ('head'): a replicated body and the
     head's slices trained 3 SGD steps in a TrainOneStepCell (hard term with label smoothing and z-loss; a frozen
@@ -165,9 +165,10 @@ def test_sharded_equals_one_process(tmp_path, workers, tp, cases):
                                  log_dir, cwd, MSRUN_TIMEOUT_S)
     assert rc == 0, f"msrun failed (rc={rc}):\n{out[-3000:]}\n{logs}"
     records = _records(out_dir, workers)
-    modes = {r["mode"] for r in records}
-    assert modes == ({"pynative", "cell"} if cases == "head" else {"pynative", "jit", "cell"}), modes
-    assert len({r["case"] for r in records}) == {"full": 11, "short": 3, "head": 2}[cases]
+    assert {r["mode"] for r in records} == {"pynative", "jit", "cell"}
+    heads = {r["case"] for r in records if r["case"].startswith("head")}
+    assert {r["mode"] for r in records if r["case"] in heads} == ({"pynative", "cell"} if heads else set())
+    assert len({r["case"] for r in records}) == sum({"full": 11, "short": 3, "head": 2}[c] for c in cases.split(","))
     for r in records:
         half = "BFloat16" in r["dtype"]
         what = f"{r['case']} {r['mode']} rank {r['rank']} num_items={r['num_items']}"

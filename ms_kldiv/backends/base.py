@@ -25,6 +25,13 @@ current device target and, if so, for that op's implementation:
     - optionally ``backward_teacher(temperature, beta, variant=KL)`` -> Cell ``(s, t, stats, dloss) -> d_teacher``;
     - ``unsupported(variant)`` -> None, or why these kernels cannot compute ``variant`` (the API then takes the
       composite kernels under ``backend='auto'`` and raises for a named backend).
+    - optionally, for vocabulary parallelism (``ms_kldiv.backends.vocab_parallel``; kernels without them are
+      composite-only there), on a rank's slice [R, V_r] of both logits: ``states(temperature, variant)`` -> Cell
+      ``(s, t) -> stats`` holding only the slice's normalizers (columns ``LOG_Z_*`` / ``BASE_*`` of
+      ``ms_kldiv._distill_math``); ``forward_given(temperature, beta, variant)`` -> Cell ``(s, t, stats) -> stats``:
+      the slice's loss, sum(a) and sum(b) under the whole row's normalizers given in ``stats`` (copied through);
+      ``backward_given`` / ``backward_teacher_given``: as ``backward`` / ``backward_teacher``, reading every
+      normalizer and sum from the stats (the whole row's, merged across the ranks).
 
 ``'sparse_distillation'`` -- ``sparse_kernels(device)``: the stored-teacher kernels, used by
     ``sparse_distillation_loss``/``SparseDistillationLoss`` (through ``ms_kldiv.backends.sparse.rows_op``). For
