@@ -263,10 +263,11 @@ def _chunks(n, size=64):
 
 @pytest.mark.slow
 def test_accuracy_at_llm_vocabulary():
-    """1024 x 151936 (Qwen's vocabulary), PyNative and ms.jit: the float32 loss within 1e-6 of float64, and bfloat16
-    gradients within one bfloat16 rounding of the float64 gradient (of the same rounded logits) for >= 99.9% of
-    elements. The reference runs a few rows at a time (bounded memory)."""
-    rows, vocab, temperature = 1024, 151936, 2.0
+    """256 x 151936 (Qwen's vocabulary; the accuracy of a row depends on V, more rows only repeat it), PyNative and
+    ms.jit: the float32 loss within 1e-6 of float64, and bfloat16 gradients within one bfloat16 rounding of the
+    float64 gradient (of the same rounded logits) for >= 99.9% of elements. The reference runs a few rows at a time
+    (bounded memory)."""
+    rows, vocab, temperature = 256, 151936, 2.0
     rng = np.random.default_rng(151936)
     s = rng.standard_normal((rows, vocab), np.float32) * 3
     t = s + rng.standard_normal((rows, vocab), np.float32)
