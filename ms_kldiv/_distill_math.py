@@ -215,9 +215,10 @@ LOG_Z_S, LOG_Z_T, SUM_A, SUM_B, BASE_S, BASE_T = 1, 2, 3, 4, 5, 6
 # the primitive: the functional ops.zeros_like inside a Cell with a bprop fails graph compilation when the
 # differentiated function has an unused input (docs/mindspore-notes.md)
 _zeros_like = ops.ZerosLike()
+_max_over = ops.ReduceMax()  # the primitive (ops.amax fails inside a bprop in graph mode)
 
 
-def _slice_normalizer(z, inv_t):
+def slice_normalizer(z, inv_t):
     """(base, log Z) of each row of a slice (float32 [R] each); a slice without mass gives (0, -inf)."""
     if z.shape[-1] == 0:  # no classes (MindSpore's CPU reductions of an empty axis return uninitialized memory)
         zero = ops.zeros(z.shape[:-1], z.dtype)
@@ -230,8 +231,8 @@ def _slice_normalizer(z, inv_t):
 def slice_states(student, teacher, temperature, variant=KL):
     """The stats [R, STATS] of a slice whose only meaningful columns are its normalizers (2-D logits)."""
     inv_t = ops.cast(constants(temperature, 0.0)[0], student.dtype)
-    base_s, log_z_s = _slice_normalizer(transformed(student, variant), inv_t)
-    base_t, log_z_t = _slice_normalizer(transformed(teacher, variant), inv_t)
+    base_s, log_z_s = slice_normalizer(transformed(student, variant), inv_t)
+    base_t, log_z_t = slice_normalizer(transformed(teacher, variant), inv_t)
     zero = _zeros_like(base_s)
     return ops.stack([zero, log_z_s, log_z_t, zero, zero, base_s, base_t, zero], -1)
 
@@ -248,7 +249,7 @@ def merged_log_z(states, gathered, temperature):
         has_mass = log_z_r > _NEG_INF
         safe_r = ops.where(has_mass, log_z_r, 0.0)
         d = (gathered[:, :, 2 * k] - base_r) * inv_t + (gathered[:, :, 2 * k + 1] - safe_r)
-        top = ops.amax(d, 0)
+        top = _max_over(d, 0)
         top = ops.where(top == _NEG_INF, 0.0, top)
         # a slice without mass (base 0, safe log Z 0): the row's log-sum-exp; its own classes keep P = 0
         out.append(safe_r + top + ops.log(ops.sum(ops.exp(d - top), 0)))
@@ -265,7 +266,7 @@ def slice_log_probs(z, stats, base_col, log_z_col, temperature, variant=KL):
 
 def slice_sums(student, teacher, stats, temperature, beta, variant=KL):
     """(T^2 sum of the terms, sum(a), sum(b)) [R] over a slice's classes, with the whole row's normalizers."""
-    if student.shape[-1] == 0:  # no classes: nothing to add (and no empty reduction, see _slice_normalizer)
+    if student.shape[-1] == 0:  # no classes: nothing to add (and no empty reduction, see slice_normalizer)
         zero = ops.zeros(student.shape[:-1], student.dtype)
         return zero, zero, zero
     log_ps = slice_log_probs(student, stats, BASE_S, LOG_Z_S, temperature, variant)
@@ -337,11 +338,11 @@ def sliced_cross_entropy_and_grad(logits, labels, keep, weights, z_loss, label_s
     ``vocab_start`` .. ``vocab_start + V_r`` of ``vocab``, 0-d int32 tensors): ``gather`` (x [C, k] -> every
     rank's [ranks, C, k]) merges the slices' normalizers exactly, ``total`` (a SUM over the ranks) adds the label's
     log-probability and the label-smoothing sums; the gradient is this slice's."""
-    base, log_z = _slice_normalizer(logits, 1.0)
+    base, log_z = slice_normalizer(logits, 1.0)
     mine = ops.stack([base, log_z], -1)
     every = gather(mine)
     lse_r = every[:, :, 0] + every[:, :, 1]
-    top = ops.amax(lse_r, 0)
+    top = _max_over(lse_r, 0)
     top = ops.where(top == _NEG_INF, 0.0, top)
     lse = top + ops.log(ops.sum(ops.exp(lse_r - top), 0))
     log_p = logits - ops.expand_dims(lse, 1)

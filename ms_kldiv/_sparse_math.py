@@ -26,7 +26,7 @@ from mindspore import ops
 from mindspore.ops import constexpr
 
 from . import _math
-from ._distill_math import constants, log_mixture
+from ._distill_math import constants, log_mixture, slice_normalizer
 
 #: Columns of the per-row statistics (sparse::Stat in custom_ops/common/sparse_math.h).
 SPARSE_STATS = 8
@@ -37,6 +37,10 @@ _row_sum = ops.ReduceSum(keep_dims=True)
 # primitives: the ops.zeros_like / ones_like wrappers fail to compile inside a bprop in graph mode
 # ("func graph is empty")
 _zeros_like = ops.ZerosLike()
+# primitives: ops.amax / ops.any fail inside a bprop in graph mode when the differentiated function has an
+# unused input ("func graph is empty")
+_max_over = ops.ReduceMax()
+_any_over = ops.ReduceAny()
 _ones_like = ops.OnesLike()
 
 
@@ -70,15 +74,10 @@ def _log_add(a, b):
     return safe + ops.log(ops.exp(a - safe) + ops.exp(b - safe))
 
 
-def support(x, ids, values, tail, ratio):
-    """The buckets for scaled student logits x = s / T [..., V] (module docstring): ((log r, log q) of the ids
-    [..., K], (log r, log q) of the tail [..., 1], lse(x), lse(x off the ids), hits, ids safe to gather, valid, bad
-    rows)."""
-    hits, at, valid = id_hits(x, ids)
-    lse = _lse(x)
-    lse_off = _lse(ops.where(hits > 0, _NEG_INF, x))
-    log_r = ops.where(valid, ops.gather_elements(x, -1, at) - lse, _NEG_INF)
-    ratio = ops.cast(_f64(ratio), x.dtype)
+def _buckets(log_r, lse, lse_off, values, valid, tail, ratio):
+    """(log r, log q) of the ids and of the tail from the student's log r at the ids, lse(x), lse(x off the ids)
+    and the teacher's values (module docstring)."""
+    ratio = ops.cast(_f64(ratio), lse.dtype)
     y = ops.where(valid, values * ratio, _NEG_INF)
     if tail:
         kept = ops.minimum(_lse(ops.where(valid, values, _NEG_INF)), 0.0)
@@ -87,8 +86,47 @@ def support(x, ids, values, tail, ratio):
     else:
         y_tail = ops.full_like(lse, _NEG_INF)
     log_q_norm = _log_add(_lse(y), y_tail)  # -inf without a teacher distribution: log q is NaN, so is the row
-    bad = ops.logical_or(ops.any(hits > 1, -1), ops.any(ops.logical_and(valid, ids >= x.shape[-1]), -1))
-    return ((log_r, y - log_q_norm), (lse_off - lse, y_tail - log_q_norm), lse, lse_off, hits, at, valid, bad)
+    return (log_r, y - log_q_norm), (lse_off - lse, y_tail - log_q_norm)
+
+
+def support(x, ids, values, tail, ratio):
+    """The buckets for scaled student logits x = s / T [..., V] (module docstring): ((log r, log q) of the ids
+    [..., K], (log r, log q) of the tail [..., 1], lse(x), lse(x off the ids), hits, ids safe to gather, the ids
+    whose a is scattered into the gradient (the valid ones), bad rows)."""
+    hits, at, valid = id_hits(x, ids)
+    lse = _lse(x)
+    lse_off = _lse(ops.where(hits > 0, _NEG_INF, x))
+    log_r = ops.where(valid, ops.gather_elements(x, -1, at) - lse, _NEG_INF)
+    bad = ops.logical_or(_any_over(hits > 1, -1), _any_over(ops.logical_and(valid, ids >= x.shape[-1]), -1))
+    return _buckets(log_r, lse, lse_off, values, valid, tail, ratio) + (lse, lse_off, hits, at, valid, bad)
+
+
+def _merged_lse(every, k):
+    """lse over the ranks of the slices' (base, log Z) pairs in columns k, k + 1 of ``every`` [ranks, R, 4]: [R, 1]."""
+    part = every[:, :, k] + every[:, :, k + 1]
+    top = _max_over(part, 0)
+    top = ops.where(top == _NEG_INF, 0.0, top)
+    return ops.expand_dims(top + ops.log(ops.sum(ops.exp(part - top), 0)), -1)
+
+
+def sliced_support(x, ids, values, tail, ratio, slice_info, gather, total):
+    """``support`` for this rank's slice x [R, V_r] of the scaled student logits (vocabulary parallelism): the ids
+    stay global, ``slice_info`` = int32 (first column of the slice, whole vocabulary); ``gather`` (x [R, k] ->
+    [ranks, R, k]) merges the slices' normalizers, ``total`` (a SUM over the ranks) assembles the student's logits at
+    the ids. The hits, positions and scattered ids are this slice's."""
+    valid = ids >= 0
+    local = ids - slice_info[0]
+    mine = ops.logical_and(valid, ops.logical_and(local >= 0, local < x.shape[-1]))
+    at = ops.where(mine, local, 0)
+    hits = ops.tensor_scatter_elements(_zeros_like(x), at, ops.cast(mine, x.dtype), -1, "add")
+    every = gather(ops.stack(slice_normalizer(x, 1.0) + slice_normalizer(ops.where(hits > 0, _NEG_INF, x), 1.0),
+                             -1))
+    lse, lse_off = _merged_lse(every, 0), _merged_lse(every, 2)
+    x_ids = total(ops.where(mine, ops.gather_elements(x, -1, at), 0.0))
+    log_r = ops.where(valid, x_ids - lse, _NEG_INF)
+    repeated = total(ops.cast(_any_over(hits > 1, -1), x.dtype)) > 0
+    bad = ops.logical_or(repeated, _any_over(ops.logical_and(valid, ids >= slice_info[1]), -1))
+    return _buckets(log_r, lse, lse_off, values, valid, tail, ratio) + (lse, lse_off, hits, at, mine, bad)
 
 
 def bucket_terms(log_r, log_q, beta):
@@ -114,15 +152,28 @@ def _sums(ids_part, tail_part, beta, bad):
     return total, big_a, a, a_tail
 
 
+def _stats(parts, t_sq, beta):
+    ids_part, tail_part, lse, lse_off, _, _, _, bad = parts
+    total, big_a, _, a_tail = _sums(ids_part, tail_part, beta, bad)
+    zero = _zeros_like(lse)
+    return ops.concat((t_sq * total, lse, lse_off, big_a, a_tail, zero, zero, zero), -1)
+
+
+def _grad(x, parts, t_lin, beta, dloss):
+    ids_part, tail_part, lse, lse_off, hits, at, scattered, bad = parts
+    _, big_a, a, a_tail = _sums(ids_part, tail_part, beta, bad)
+    a_at_ids = ops.tensor_scatter_elements(_zeros_like(x), at, ops.where(scattered, a, 0.0), -1, "add")
+    in_tail = a_tail * ops.exp(ops.where(lse_off == _NEG_INF, _NEG_INF, x - lse_off))
+    d = t_lin * (ops.where(hits > 0, a_at_ids, in_tail) - ops.exp(x - lse) * big_a)
+    g = ops.expand_dims(ops.cast(dloss, x.dtype), -1)
+    return ops.where(g != 0, d * g, 0.0)
+
+
 def row_stats(s, ids, values, temperature, ratio, beta, tail):
     """[..., SPARSE_STATS] in the logits' dtype: (T^2 D, lse, lse off the ids, A, a_tail, 0, 0, 0) of student
     logits [..., V] (float32 or float64), int ids [..., K] and values [..., K]."""
     inv_t, _, t_sq = [ops.cast(v, s.dtype) for v in constants(temperature, beta)[:3]]
-    ids_part, tail_part, lse, lse_off, _, _, _, bad = support(s * inv_t, ids, ops.cast(values, s.dtype), tail,
-                                                               ratio)
-    total, big_a, _, a_tail = _sums(ids_part, tail_part, beta, bad)
-    zero = _zeros_like(lse)
-    return ops.concat((t_sq * total, lse, lse_off, big_a, a_tail, zero, zero, zero), -1)
+    return _stats(support(s * inv_t, ids, ops.cast(values, s.dtype), tail, ratio), t_sq, beta)
 
 
 def student_grad(s, ids, values, temperature, ratio, beta, tail, dloss):
@@ -130,11 +181,19 @@ def student_grad(s, ids, values, temperature, ratio, beta, tail, dloss):
     exact zeros whatever they hold."""
     inv_t, t_lin = [ops.cast(v, s.dtype) for v in constants(temperature, beta)[:2]]
     x = s * inv_t
-    ids_part, tail_part, lse, lse_off, hits, at, valid, bad = support(x, ids, ops.cast(values, s.dtype), tail,
-                                                                       ratio)
-    _, big_a, a, a_tail = _sums(ids_part, tail_part, beta, bad)
-    a_at_ids = ops.tensor_scatter_elements(_zeros_like(x), at, ops.where(valid, a, 0.0), -1, "add")
-    in_tail = a_tail * ops.exp(ops.where(lse_off == _NEG_INF, _NEG_INF, x - lse_off))
-    d = t_lin * (ops.where(hits > 0, a_at_ids, in_tail) - ops.exp(x - lse) * big_a)
-    g = ops.expand_dims(ops.cast(dloss, s.dtype), -1)
-    return ops.where(g != 0, d * g, 0.0)
+    return _grad(x, support(x, ids, ops.cast(values, s.dtype), tail, ratio), t_lin, beta, dloss)
+
+
+def sliced_row_stats(s, ids, values, temperature, ratio, beta, tail, slice_info, gather, total):
+    """``row_stats`` of the whole rows from this rank's slice s [R, V_r] (``sliced_support``)."""
+    inv_t, _, t_sq = [ops.cast(v, s.dtype) for v in constants(temperature, beta)[:3]]
+    return _stats(sliced_support(s * inv_t, ids, ops.cast(values, s.dtype), tail, ratio, slice_info, gather, total),
+                  t_sq, beta)
+
+
+def sliced_student_grad(s, ids, values, temperature, ratio, beta, tail, dloss, slice_info, gather, total):
+    """``student_grad`` of the whole rows' losses for this rank's slice s [R, V_r]."""
+    inv_t, t_lin = [ops.cast(v, s.dtype) for v in constants(temperature, beta)[:2]]
+    x = s * inv_t
+    parts = sliced_support(x, ids, ops.cast(values, s.dtype), tail, ratio, slice_info, gather, total)
+    return _grad(x, parts, t_lin, beta, dloss)

@@ -28,7 +28,7 @@ from mindspore.ops import constexpr
 from . import _validation
 from ._distill_math import KL, cross_entropy_and_grad, sliced_cross_entropy_and_grad, transform_slope, transformed
 from .backends import check_name, compiled, get_distill_kernels, get_kernels
-from .backends.vocab_parallel import VocabParallelKernels, gather_cell, sum_cell, vocab_group
+from .backends.vocab_parallel import SliceInfo, VocabParallelKernels, gather_cell, sum_cell, vocab_group
 
 _NAME = "FusedLinearDistillationLoss"
 #: Default bound on one chunk's logits (student and teacher together), in bytes of float32.
@@ -186,8 +186,7 @@ class _ChunkLoop(nn.Cell):
         self.chunk_size, self.chunk_bytes = chunk_size, chunk_bytes
         self.sliced = group is not None
         if self.sliced:  # each rank's d(hidden) is its slice's part: the group sums them
-            self.gather, self.total = gather_cell(group), sum_cell(group)
-            self.below = ms.Tensor([[[r < group.index]] for r in range(group.size)], ms.bool_)
+            self.total, self.slice_info = sum_cell(group), SliceInfo(group, axis=0)
 
     def construct(self, hs, ws, bs, ht, wt, bt, labels, weights, count):
         f32 = ms.float32
@@ -214,14 +213,11 @@ class _ChunkLoop(nn.Cell):
                 dwt, dbt)
 
     def _vocab(self, ws):
-        """int32 [2]: this rank's first vocabulary column and the whole vocabulary (the sizes of every rank's
-        slice, gathered at run time: slices may be uneven)."""
-        size = ops.cast(ops.reshape(ops.dyn_shape(ws)[:1], (1, 1)), ms.float32)
-        if not self.sliced:
-            return ops.cast(ops.concat((size[0] * 0.0, size[0])), ms.int32)
-        sizes = self.gather(size)
-        start = ops.sum(ops.where(self.below, sizes, 0.0))
-        return ops.cast(ops.stack((start, ops.sum(sizes))), ms.int32)
+        """int32 [2]: this rank's first vocabulary column and the whole vocabulary (``SliceInfo``)."""
+        if self.sliced:
+            return self.slice_info(ws)
+        size = ops.cast(ops.reshape(ops.dyn_shape(ws)[:1], (1,)), ms.float32)
+        return ops.cast(ops.concat((size * 0.0, size)), ms.int32)
 
 
 def _cut(*tensors):
@@ -370,6 +366,10 @@ class FusedLinearDistillationLoss(nn.Cell):
             Default: ``'tail'``.
         teacher_temperature (float, optional): For :meth:`from_teacher_topk`: the temperature the stored
             log-probabilities were taken at. Default: ``1.0``.
+        vocab_parallel_group (str, optional): A communication group whose ranks each hold a contiguous slice of the
+            vocabulary (tensor parallelism): the weights and biases are then this rank's slices ``[V_r, H]`` /
+            ``[V_r]``, the hidden states the same on every rank; the loss is the whole vocabulary's and d(hidden) is
+            summed over the group (docs/vocab_parallel.md). Not with :meth:`from_teacher_topk`. Default: ``None``.
 
     Inputs:
         - **student_hidden** (Tensor) - ``[N, H_s]`` or ``[B, S, H_s]``, float16/bfloat16/float32.
@@ -379,6 +379,9 @@ class FusedLinearDistillationLoss(nn.Cell):
         - **labels** (Tensor, optional) - integer labels of the leading shape; required when ``hard_weight != 0``.
         - **student_bias**, **teacher_bias** (Tensor, optional) - ``[V]``; ``-inf`` entries mask vocabulary
           columns (padded vocabularies).
+        - **weights** (Tensor, optional) - per-token float weights of the leading shape.
+        - **num_items_in_batch** (Union[int, float, Tensor], optional) - the count the means divide by instead of
+          the counted tokens here (e.g. the whole global batch's, across data-parallel ranks and accumulation steps).
 
     Outputs:
         0-d float32 Tensor.
@@ -447,14 +450,14 @@ class FusedLinearDistillationLoss(nn.Cell):
                                                    hard_options=(self.z_loss, self.label_smoothing))
 
     def construct(self, student_hidden, student_weight, teacher_hidden, teacher_weight, labels=None,
-                  student_bias=None, teacher_bias=None, weights=None):
+                  student_bias=None, teacher_bias=None, weights=None, num_items_in_batch=None):
         _check_inputs(student_hidden, student_weight, teacher_hidden, teacher_weight, labels, student_bias,
                       teacher_bias, self.hard_weight, _NAME)
         return self._run(self.core, student_hidden, student_weight, student_bias, _rows(teacher_hidden),
-                         teacher_weight, teacher_bias, labels, weights)
+                         teacher_weight, teacher_bias, labels, weights, num_items_in_batch)
 
     def from_teacher_logits(self, student_hidden, student_weight, teacher_logits, labels=None, student_bias=None,
-                            weights=None):
+                            weights=None, num_items_in_batch=None):
         """The same loss with the teacher given as logits ``[N, V]`` (or ``[B, S, V]``) instead of its hidden
         states and head; the teacher is frozen (no gradient). Under GRAPH_MODE call it from a Cell's construct."""
         name = f"{_NAME}.from_teacher_logits"
@@ -463,10 +466,10 @@ class FusedLinearDistillationLoss(nn.Cell):
         logits = ops.stop_gradient(_rows(teacher_logits))
         unused = ops.zeros((1, 1), ms.float32)
         return self._run(self.core_from_logits, student_hidden, student_weight, student_bias, logits, unused,
-                         ops.zeros((1,), ms.float32), labels, weights)
+                         ops.zeros((1,), ms.float32), labels, weights, num_items_in_batch)
 
     def from_teacher_topk(self, student_hidden, student_weight, teacher_ids, teacher_values, labels=None,
-                          student_bias=None, weights=None):
+                          student_bias=None, weights=None, num_items_in_batch=None):
         """The same loss against a stored teacher: per row K ids ``[N, K]`` / ``[B, S, K]`` (int32/int64, negative =
         padding) and their values (log-probabilities; counts for ``stored_mode='sampled'``), the soft term being
         :func:`ms_kldiv.sparse_distillation_loss` with ``mode=stored_mode``, ``teacher_temperature``, ``beta``
@@ -487,10 +490,11 @@ class FusedLinearDistillationLoss(nn.Cell):
         if self.stored_mode == "sampled":
             values = ops.log(values)
         return self._run(self.core_from_stored, student_hidden, student_weight, student_bias, ops.stop_gradient(ids),
-                         ops.stop_gradient(values), ops.zeros((1,), ms.float32), labels, weights)
+                         ops.stop_gradient(values), ops.zeros((1,), ms.float32), labels, weights, num_items_in_batch)
 
     def _run(self, core, student_hidden, student_weight, student_bias, teacher_rows, teacher_weight, teacher_bias,
-             labels, weights=None):
+             labels, weights=None, num_items=None):
+        _validation.check_num_items(num_items, "tokenmean", _NAME)
         hs = _rows(student_hidden)
         vocab = student_weight.shape[0]
         if weights is not None:
@@ -512,6 +516,8 @@ class FusedLinearDistillationLoss(nn.Cell):
             # the counted rows' weights sum to the count the means divide by
             weights = ops.cast(ops.reshape(weights, (-1,)), ms.float32)
             count = ops.sum(ops.where(labels != self.ignore_index, weights, 0.0))
+        if num_items is not None:  # the caller's count: the whole global batch's tokens (docs/vocab_parallel.md)
+            count = ops.cast(num_items, ms.float32)
         bs = ops.zeros((vocab,), student_weight.dtype) if student_bias is None else student_bias
         bt = ops.zeros((vocab,), teacher_weight.dtype) if teacher_bias is None else teacher_bias
         return core(hs, student_weight, bs, teacher_rows, teacher_weight, bt, labels, weights, count)

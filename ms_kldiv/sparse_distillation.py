@@ -13,6 +13,7 @@ from mindspore import Tensor, nn, ops
 
 from . import _validation
 from .backends import _device_target_const, check_name_const, compiled, get_kernels, sparse
+from .backends.vocab_parallel import SlicedSparseKernels, vocab_group
 from .distillation import _reduce
 from .reference import SPARSE_REDUCTIONS
 
@@ -63,20 +64,32 @@ def _rows_op(backend, device, dtype, mode, temperature, teacher_temperature, bet
     return sparse.rows_op(kernels, temperature, ratio, beta, mode == "tail")
 
 
+@functools.lru_cache(maxsize=None)
+def _sliced_rows_op(group, mode, temperature, teacher_temperature, beta):
+    """The per-row loss op on this rank's slice of the vocabulary in ``group`` (MindSpore ops: no fused kernel has
+    the stored teacher's slice entry points yet)."""
+    ratio = 1.0 if mode == "sampled" else teacher_temperature / temperature
+    return sparse.rows_op(SlicedSparseKernels(vocab_group(group)), temperature, ratio, beta, mode == "tail")
+
+
 def _sparse(student_logits, teacher_ids, teacher_values, mode, temperature, teacher_temperature, beta, reduction,
-            labels, ignore_index, backend):
+            labels, ignore_index, backend, group=None, num_items=None):
     if not compiled(student_logits):
-        _validation.check_stored_data(teacher_ids, teacher_values, student_logits.shape[-1], mode, labels,
-                                      ignore_index, _NAME)
+        # with a vocabulary split across ranks no rank knows V here: an id past it makes its row NaN
+        vocab = student_logits.shape[-1] if group is None else 2**62
+        _validation.check_stored_data(teacher_ids, teacher_values, vocab, mode, labels, ignore_index, _NAME)
     dtype = student_logits.dtype
-    rows_op = _rows_op(backend, _device_target_const(), dtype, mode, temperature, teacher_temperature, beta)
+    if group is None:
+        rows_op = _rows_op(backend, _device_target_const(), dtype, mode, temperature, teacher_temperature, beta)
+    else:
+        rows_op = _sliced_rows_op(group, mode, temperature, teacher_temperature, beta)
     # the kernels take any leading shape (no reshape: MindSpore's CPU Reshape has no bfloat16 in graph mode)
     s = student_logits
     ids = ops.cast(teacher_ids, ms.int32)
     values = ops.cast(teacher_values, ms.float32)
     if mode == "sampled":
         values = ops.log(values)
-    if dtype == ms.float64:
+    if dtype == ms.float64 and group is None:
         values = ops.cast(values, ms.float64)
     keep = None
     if labels is not None:
@@ -90,6 +103,8 @@ def _sparse(student_logits, teacher_ids, teacher_values, mode, temperature, teac
         rows = ops.where(keep, rows, 0.0)
     if reduction == "none":
         loss = rows
+    elif num_items is not None:  # the caller's count (e.g. the whole global batch's tokens)
+        loss = ops.sum(rows) / ops.cast(num_items, rows.dtype)
     else:
         loss = _reduce(ops.sum(rows), student_logits, reduction, keep)
     return loss if loss.dtype == dtype else ops.cast(loss, dtype)
@@ -97,7 +112,7 @@ def _sparse(student_logits, teacher_ids, teacher_values, mode, temperature, teac
 
 def sparse_distillation_loss(student_logits, teacher_ids, teacher_values, *, mode="renormalize", temperature=1.0,
                              teacher_temperature=1.0, beta=0.0, reduction="batchmean", labels=None,
-                             ignore_index=-100, backend="auto"):
+                             ignore_index=-100, backend="auto", vocab_parallel_group=None, num_items_in_batch=None):
     r"""
     Knowledge distillation from a stored teacher: K ids per token with the teacher's log-probabilities (top-k) or
     sample counts, against the student's logits over the full vocabulary.
@@ -144,6 +159,12 @@ def sparse_distillation_loss(student_logits, teacher_ids, teacher_values, *, mod
         ignore_index (int): Default ``-100``.
         backend (str): ``'auto'`` or a registered name with stored-teacher kernels
             (``ms_kldiv.backend_info(op='sparse_distillation')``). Default ``'auto'``.
+        vocab_parallel_group (str): A communication group whose ranks each hold a contiguous slice of the
+            vocabulary in rank order: `student_logits` is then this rank's slice ``[..., V_r]``, the ids stay global,
+            and every rank gets the whole rows' loss and its slice's gradient (docs/vocab_parallel.md; computed in
+            MindSpore ops). Default ``None``.
+        num_items_in_batch (Union[int, float, Tensor]): With 'batchmean' / 'tokenmean': divide the counted rows'
+            sum by this instead of their local count (the whole global batch's tokens). Default ``None``.
 
     Returns:
         Tensor of the student's dtype: 0-d, or the leading shape for ``'none'``. The teacher's ids and values get
@@ -160,9 +181,11 @@ def sparse_distillation_loss(student_logits, teacher_ids, teacher_values, *, mod
         ``CPU`` (fused), ``GPU`` ``Ascend`` (composite)
     """
     _check_options(mode, temperature, teacher_temperature, beta, reduction, ignore_index, backend, _NAME)
+    _validation.check_vocab_parallel(vocab_parallel_group, "sum", _NAME)
+    _validation.check_num_items(num_items_in_batch, reduction, _NAME)
     _check_args(student_logits, teacher_ids, teacher_values, mode, labels, _NAME)
     return _sparse(student_logits, teacher_ids, teacher_values, mode, float(temperature), float(teacher_temperature),
-                   float(beta), reduction, labels, ignore_index, backend)
+                   float(beta), reduction, labels, ignore_index, backend, vocab_parallel_group, num_items_in_batch)
 
 
 class SparseDistillationLoss(nn.Cell):
@@ -180,10 +203,12 @@ class SparseDistillationLoss(nn.Cell):
     """
 
     def __init__(self, mode="renormalize", temperature=1.0, reduction="batchmean", *, teacher_temperature=1.0,
-                 beta=0.0, ignore_index=-100, backend="auto"):
+                 beta=0.0, ignore_index=-100, backend="auto", vocab_parallel_group=None):
         super().__init__()
         _check_options(mode, temperature, teacher_temperature, beta, reduction, ignore_index, backend,
                        "SparseDistillationLoss")
+        _validation.check_vocab_parallel(vocab_parallel_group, "sum", "SparseDistillationLoss")
+        self.vocab_parallel_group = vocab_parallel_group
         self.mode = mode
         self.temperature = float(temperature)
         self.teacher_temperature = float(teacher_temperature)
@@ -192,10 +217,12 @@ class SparseDistillationLoss(nn.Cell):
         self.ignore_index = ignore_index
         self.backend = backend
 
-    def construct(self, student_logits, teacher_ids, teacher_values, labels=None):
+    def construct(self, student_logits, teacher_ids, teacher_values, labels=None, num_items_in_batch=None):
+        _validation.check_num_items(num_items_in_batch, self.reduction, "SparseDistillationLoss")
         _check_args(student_logits, teacher_ids, teacher_values, self.mode, labels, "SparseDistillationLoss")
         return _sparse(student_logits, teacher_ids, teacher_values, self.mode, self.temperature,
-                       self.teacher_temperature, self.beta, self.reduction, labels, self.ignore_index, self.backend)
+                       self.teacher_temperature, self.beta, self.reduction, labels, self.ignore_index, self.backend,
+                       self.vocab_parallel_group, num_items_in_batch)
 
     def extend_repr(self):
         return (f"mode={self.mode!r}, temperature={self.temperature}, teacher_temperature={self.teacher_temperature}, "

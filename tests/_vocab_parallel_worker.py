@@ -39,6 +39,12 @@ CASES = {
     ],
 }
 MODES = ("pynative", "jit", "cell")
+# stored teachers: (name, options of SparseDistillationLoss); K = 6 global ids per row, some padding
+SPARSE_CASES = {
+    "full": [("sparse_tail", dict(mode="tail", temperature=2.0, teacher_temperature=1.0)),
+             ("sparse_renormalize_jsd", dict(mode="renormalize", beta=0.5, labels=True))],
+    "short": [("sparse_tail_labels", dict(mode="tail", labels=True))],
+}
 
 
 def _slices(vocab, size):
@@ -170,6 +176,52 @@ def _head_records(group, lo, hi, rank):
     return records
 
 
+class _SparseCell(nn.Cell):
+    def __init__(self, loss, use_labels):
+        super().__init__()
+        self.loss, self.use_labels = loss, use_labels
+
+    def construct(self, s, ids, values, labels):
+        return self.loss(s, ids, values, labels if self.use_labels else None)
+
+
+def _sparse_records(suites, group, lo, hi, rank, dp_index, rows=6, vocab=37, k=6):
+    records = []
+    for name, opts in [case for suite in suites for case in SPARSE_CASES.get(suite, [])]:
+        rng = np.random.default_rng(300 + 17 * dp_index + len(name))
+        s = (rng.normal(size=(rows, vocab)) * 2.5).astype(np.float32)
+        ids = np.stack([rng.permutation(vocab)[:k] for _ in range(rows)]).astype(np.int32)
+        ids[0, -2:] = -1  # padding
+        p = rng.dirichlet(np.ones(vocab), rows)
+        values = np.log(np.take_along_axis(p, np.maximum(ids, 0), -1)).astype(np.float32)
+        labels = rng.integers(0, 5, size=(rows,)).astype(np.int32)
+        labels[::3] = -100
+        use_labels = opts.pop("labels", False) if "labels" in opts else False
+        args = (ms.Tensor(ids), ms.Tensor(values), ms.Tensor(labels))
+
+        def value_and_grad(group_name, logits, mode):
+            cell = _SparseCell(ms_kldiv.SparseDistillationLoss(vocab_parallel_group=group_name, **opts), use_labels)
+            if mode == "cell":
+                ms.set_context(mode=ms.GRAPH_MODE)
+            try:
+                vg = ms.value_and_grad(cell, grad_position=0)
+                if mode == "jit":
+                    vg = ms.jit(vg)
+                v, g = vg(ms.Tensor(logits), *args)
+            finally:
+                ms.set_context(mode=ms.PYNATIVE_MODE)
+            return float(v.asnumpy()), g.asnumpy()
+
+        ref_v, ref_g = value_and_grad(None, s, "pynative")
+        for mode in MODES:
+            v, g = value_and_grad(group, np.ascontiguousarray(s[:, lo:hi]), mode)
+            records.append({"case": name, "mode": mode, "num_items": False, "rank": rank, "dtype": "Float32",
+                            "value": v, "reference": ref_v, "value_rel": abs(v - ref_v) / max(abs(ref_v), 1e-30),
+                            "grad_rel": float(np.abs(g - ref_g[:, lo:hi]).max() / max(np.abs(ref_g).max(), 1e-30)),
+                            "finite": bool(np.isfinite(v) and np.all(np.isfinite(g)))})
+    return records
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -195,6 +247,7 @@ def main():
     if "head" in suites:
         bounds = _slices(37, tp)
         records = _head_records(group, bounds[tp_index], bounds[tp_index + 1], rank)
+    records += _sparse_records(suites, group, lo, hi, rank, dp_index, vocab=args.vocab)
     for name, opts in [case for suite in suites for case in CASES.get(suite, [])]:
         rng = np.random.default_rng(1000 + 17 * dp_index + len(name))
         dtype = getattr(ms, opts.get("dtype", "float32"))

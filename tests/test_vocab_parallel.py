@@ -4,7 +4,8 @@ In one process: the slice kernels of every backend (``states``, ``forward_given`
 ranks' collectives done by hand (the merge of ``ms_kldiv._distill_math``) give the whole rows' loss and gradients,
 and bad arguments raise before anything runs. Under msrun (CPU workers, MindSpore's mccl): tensor-parallel groups
 of 2 and 4 ranks and 2 x 2 (tensor x data parallel, sub-groups) against one process on the whole vocabulary, in
-PyNative, under ms.jit and as a GRAPH_MODE Cell (tests/_vocab_parallel_worker.py runs them).
+PyNative, under ms.jit and as a GRAPH_MODE Cell: the logits losses, the stored-teacher loss and the fused head in
+training (tests/_vocab_parallel_worker.py runs them).
 """
 import json
 import os
@@ -109,6 +110,11 @@ def test_bad_arguments_raise_before_running(kwargs, error, match):
     if "vocab_parallel_group" in kwargs:
         with pytest.raises(error, match=match):
             ms_kldiv.DistillationLoss(reduction=reduction, **kwargs)
+    if kwargs.get("vocab_parallel_group") in (3, "no_such_group"):
+        with pytest.raises(error, match=match):
+            ms_kldiv.SparseDistillationLoss(**kwargs)
+        with pytest.raises(error, match=match):
+            ms_kldiv.FusedLinearDistillationLoss(**kwargs)
 
 
 @pytest.mark.parametrize("mode", ["pynative", "graph"])
@@ -168,7 +174,7 @@ def test_sharded_equals_one_process(tmp_path, workers, tp, cases):
     assert {r["mode"] for r in records} == {"pynative", "jit", "cell"}
     heads = {r["case"] for r in records if r["case"].startswith("head")}
     assert {r["mode"] for r in records if r["case"] in heads} == ({"pynative", "cell"} if heads else set())
-    assert len({r["case"] for r in records}) == sum({"full": 11, "short": 3, "head": 2}[c] for c in cases.split(","))
+    assert len({r["case"] for r in records}) == sum({"full": 13, "short": 4, "head": 2}[c] for c in cases.split(","))
     for r in records:
         half = "BFloat16" in r["dtype"]
         what = f"{r['case']} {r['mode']} rank {r['rank']} num_items={r['num_items']}"
@@ -209,3 +215,48 @@ def test_tensor_parallel_example(tmp_path):
         np.testing.assert_allclose(params["head"], ref_params["head"][lo:hi], rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(params["bias"], ref_params["bias"][lo:hi], rtol=1e-5, atol=1e-7)
     assert list(cwd.iterdir()) == [], "the example wrote into the working directory"
+
+
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+@pytest.mark.parametrize("which", ["fused_head", "stored_teacher"])
+def test_num_items_in_batch_head_and_stored_teacher(mode, which):
+    """The same rule for FusedLinearDistillationLoss and SparseDistillationLoss: micro-batches divided by the whole
+    batch's count add up to the whole batch's loss and gradients."""
+    rng = np.random.default_rng(11)
+    rows, hidden, vocab = 8, 5, 13
+    labels = rng.integers(0, vocab, rows).astype(np.int32)
+    labels[[1, 2, 3, 6]] = -100  # 1 counted row in the first half, 3 in the second
+    if which == "fused_head":
+        x = rng.normal(size=(rows, hidden)).astype(np.float32)
+        teacher = rng.normal(size=(rows, hidden)).astype(np.float32)
+        w, wt = (ms.Tensor(v) for v in rng.normal(size=(2, vocab, hidden)).astype(np.float32))
+        loss = ms_kldiv.FusedLinearDistillationLoss(2.0, hard_weight=0.5, chunk_size=3)
+
+        def micro(a, t, lab, n):
+            return loss(a, w, t, wt, lab, None, None, None, n)
+
+        def whole(a, t, lab):
+            return loss(a, w, t, wt, lab)
+    else:
+        x = rng.normal(size=(rows, vocab)).astype(np.float32)
+        teacher = np.stack([rng.permutation(vocab)[:4] for _ in range(rows)]).astype(np.int32)  # top-4 ids
+        loss = ms_kldiv.SparseDistillationLoss("tail", 2.0, "tokenmean")
+
+        def logprobs(ids):  # each stored id at log-probability -2 (the tail holds the rest)
+            return ops.ones(ids.shape, ms.float32) * -2.0
+
+        def micro(a, t, lab, n):
+            return loss(a, t, logprobs(t), lab, n)
+
+        def whole(a, t, lab):
+            return loss(a, t, logprobs(t), lab)
+    vg_micro, vg_whole = ms.value_and_grad(micro), ms.value_and_grad(whole)
+    if mode == "graph":
+        vg_micro, vg_whole = ms.jit(vg_micro), ms.jit(vg_whole)
+    n = ms.Tensor(float((labels != -100).sum()), ms.float32)
+    parts = [vg_micro(ms.Tensor(x[h]), ms.Tensor(teacher[h]), ms.Tensor(labels[h]), n)
+             for h in (slice(0, 4), slice(4, 8))]
+    value, grad = vg_whole(ms.Tensor(x), ms.Tensor(teacher), ms.Tensor(labels))
+    np.testing.assert_allclose(sum(float(v) for v, _ in parts), float(value), rtol=1e-6)
+    np.testing.assert_allclose(np.concatenate([g.asnumpy() for _, g in parts]), grad.asnumpy(), rtol=1e-5,
+                               atol=1e-8)

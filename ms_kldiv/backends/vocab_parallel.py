@@ -22,6 +22,7 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from .._distill_math import BASE_S, BASE_T, KL, LOG_Z_S, LOG_Z_T, merged_log_z
+from .._sparse_math import sliced_row_stats, sliced_student_grad
 
 #: Bytes a rank sends per row and per collective: the gathered normalizers (float32 x 4) and the summed sums.
 GATHER_BYTES_PER_ROW, SUM_BYTES_PER_ROW = 16, 12
@@ -88,6 +89,21 @@ def sum_cell(group):
     return ops.AllReduce(ops.ReduceOp.SUM, group.name)
 
 
+class SliceInfo(nn.Cell):
+    """x [..., V_r] (or a head's weight [V_r, H] with ``axis=0``) -> int32 [2]: this rank's first vocabulary column
+    and the whole vocabulary, from every rank's slice size gathered at run time (slices may be uneven)."""
+
+    def __init__(self, group, axis=-1):
+        super().__init__()
+        self.gather = gather_cell(group)
+        self.axis = axis
+        self.below = ms.Tensor([[[r < group.index]] for r in range(group.size)], ms.bool_)
+
+    def construct(self, x):
+        sizes = self.gather(ops.reshape(ops.cast(ops.dyn_shape(x)[self.axis], ms.float32), (1, 1)))
+        return ops.cast(ops.stack((ops.sum(ops.where(self.below, sizes, 0.0)), ops.sum(sizes))), ms.int32)
+
+
 class _SliceForward(nn.Cell):
     """(s, t) -> the whole row's stats [R, STATS] for this rank's slices [R, V_r] of both logits."""
 
@@ -140,3 +156,55 @@ class VocabParallelKernels:
 
     def backward_teacher(self, temperature, beta, variant=KL):
         return self.kernels.backward_teacher_given(temperature, beta, variant)
+
+
+# ------------------------------------------------------------------------------------------- stored teachers
+class _InFloat32(nn.Cell):
+    """A collective applied to float32 (MindSpore's CPU collectives have no float64), the result cast back."""
+
+    def __init__(self, collective):
+        super().__init__()
+        self.collective = collective
+
+    def construct(self, x):
+        return ops.cast(self.collective(ops.cast(x, ms.float32)), x.dtype)
+
+
+class _SparseSliceForward(nn.Cell):
+    def __init__(self, group, temperature, ratio, beta, tail, acc_dtype):
+        super().__init__()
+        self.args = (temperature, ratio, beta, tail)
+        self.acc_dtype = acc_dtype
+        self.info = SliceInfo(group)
+        self.gather, self.total = _InFloat32(gather_cell(group)), _InFloat32(sum_cell(group))
+
+    def construct(self, s, ids, values):
+        stats = sliced_row_stats(ops.cast(s, self.acc_dtype), ids, values, *self.args, self.info(s), self.gather,
+                                 self.total)
+        return ops.cast(stats, ms.float32)
+
+
+class _SparseSliceBackward(_SparseSliceForward):
+    def construct(self, s, ids, values, stats, dloss):
+        d = sliced_student_grad(ops.cast(s, self.acc_dtype), ids, values, *self.args, dloss, self.info(s),
+                                self.gather, self.total)
+        return ops.cast(d, s.dtype)
+
+
+class SlicedSparseKernels:
+    """The stored-teacher kernel contract (``ms_kldiv.backends.base``) on this rank's slice [R, V_r] of the student's
+    logits, the ids global: MindSpore ops, in float64 where the device has it (MindSpore's float32 CPU exp and log
+    are several ulp off) with float32 collectives; one gather of 4 floats and a SUM of K + 1 per row in the forward
+    and again in the backward (which recomputes the buckets)."""
+
+    dtypes = (ms.float16, ms.bfloat16, ms.float32)
+
+    def __init__(self, group):
+        self.group = group
+        self.acc_dtype = ms.float32 if ms.get_context("device_target") == "Ascend" else ms.float64
+
+    def forward(self, temperature, ratio, beta, tail):
+        return _SparseSliceForward(self.group, temperature, ratio, beta, tail, self.acc_dtype)
+
+    def backward(self, temperature, ratio, beta, tail):
+        return _SparseSliceBackward(self.group, temperature, ratio, beta, tail, self.acc_dtype)
