@@ -28,7 +28,8 @@ from mindspore.ops import constexpr
 from . import _validation
 from ._distill_math import KL, cross_entropy_and_grad, sliced_cross_entropy_and_grad, transform_slope, transformed
 from .backends import check_name, compiled, get_distill_kernels, get_kernels
-from .backends.vocab_parallel import SliceInfo, VocabParallelKernels, gather_cell, sum_cell, vocab_group
+from .backends.vocab_parallel import (SliceInfo, SlicedSparseKernels, VocabParallelKernels, gather_cell, sum_cell,
+                                      vocab_group)
 
 _NAME = "FusedLinearDistillationLoss"
 #: Default bound on one chunk's logits (student and teacher together), in bytes of float32.
@@ -369,7 +370,8 @@ class FusedLinearDistillationLoss(nn.Cell):
         vocab_parallel_group (str, optional): A communication group whose ranks each hold a contiguous slice of the
             vocabulary (tensor parallelism): the weights and biases are then this rank's slices ``[V_r, H]`` /
             ``[V_r]``, the hidden states the same on every rank; the loss is the whole vocabulary's and d(hidden) is
-            summed over the group (docs/vocab_parallel.md). Not with :meth:`from_teacher_topk`. Default: ``None``.
+            summed over the group (docs/vocab_parallel.md); :meth:`from_teacher_topk`'s ids stay global.
+            Default: ``None``.
 
     Inputs:
         - **student_hidden** (Tensor) - ``[N, H_s]`` or ``[B, S, H_s]``, float16/bfloat16/float32.
@@ -433,21 +435,18 @@ class FusedLinearDistillationLoss(nn.Cell):
         # the stored-teacher head (from_teacher_topk): its options are checked when it is used
         self.stored_mode, self.teacher_temperature = stored_mode, teacher_temperature
         self._stored_error = _stored_options_error(stored_mode, teacher_temperature, self.beta, self.variant)
-        if group is not None and self._stored_error is None:
-            self._stored_error = ValueError(f"For '{_NAME}.from_teacher_topk', a stored teacher with "
-                                            f"'vocab_parallel_group' is not supported: gather the student's "
-                                            f"vocabulary or use the dense teacher.")
         self.core_from_stored = None
         if self._stored_error is None:
-            try:
-                _, stored_kernels = get_kernels("sparse_distillation", self.backend)
+            try:  # each rank's slice of the vocabulary: the stored teacher's sliced kernels (global ids)
+                stored_kernels = (get_kernels("sparse_distillation", self.backend)[1] if group is None
+                                  else SlicedSparseKernels(group))
             except RuntimeError as e:  # raised when from_teacher_topk is called
                 self._stored_error = e
             else:
                 ratio = 1.0 if stored_mode == "sampled" else float(teacher_temperature) / self.temperature
                 self.core_from_stored = _FusedCore(stored_kernels, *args[1:], False,
                                                    stored=(ratio, stored_mode == "tail"),
-                                                   hard_options=(self.z_loss, self.label_smoothing))
+                                                   hard_options=(self.z_loss, self.label_smoothing), group=group)
 
     def construct(self, student_hidden, student_weight, teacher_hidden, teacher_weight, labels=None,
                   student_bias=None, teacher_bias=None, weights=None, num_items_in_batch=None):
@@ -483,7 +482,9 @@ class FusedLinearDistillationLoss(nn.Cell):
         _validation.check_stored_teacher(teacher_ids, teacher_values, ops.shape(student_hidden)[:-1],
                                          self.stored_mode, name)
         if not compiled(teacher_ids):
-            _validation.check_stored_data(teacher_ids, teacher_values, student_weight.shape[0], self.stored_mode,
+            # (with a vocabulary split across ranks no rank knows V here: an id past it makes its row NaN)
+            vocab = student_weight.shape[0] if self.vocab_parallel_group is None else 2**62
+            _validation.check_stored_data(teacher_ids, teacher_values, vocab, self.stored_mode,
                                           labels, self.ignore_index, name)
         ids = ops.cast(_rows(teacher_ids), ms.int32)
         values = ops.cast(_rows(teacher_values), ms.float32)

@@ -128,6 +128,17 @@ class _HeadStep(nn.Cell):
                          self.student.bias)
 
 
+class _StoredHeadStep(nn.Cell):
+    """The head against a stored teacher: global top-k ids and log-probabilities."""
+
+    def __init__(self, student, loss):
+        super().__init__()
+        self.student, self.loss = student, loss
+
+    def construct(self, x, ids, values, labels):
+        return self.loss.from_teacher_topk(self.student(x), self.student.head, ids, values, labels, self.student.bias)
+
+
 def _train_head(group, lo, hi, mode, opts, steps=3):
     """Parameters after ``steps`` SGD steps of a TrainOneStepCell with the fused head on vocabulary columns
     [lo, hi) (the whole vocabulary without a group)."""
@@ -141,13 +152,18 @@ def _train_head(group, lo, hi, mode, opts, steps=3):
     teacher_hidden = ms.Tensor(rng.normal(size=(rows, hidden)).astype(np.float32))
     labels = rng.integers(0, vocab, size=(rows,)).astype(np.int32)
     labels[::4] = -100
+    stored = opts.pop("stored", False)
+    ids = np.stack([rng.permutation(vocab)[:5] for _ in range(rows)]).astype(np.int32)
+    ids[0, -1] = -1  # padding
+    values = np.log(rng.dirichlet(np.ones(6), rows)[:, :5]).astype(np.float32)
     ms.set_context(mode=ms.GRAPH_MODE if mode == "cell" else ms.PYNATIVE_MODE)
     try:
         student = _Student(body, head[lo:hi], bias[lo:hi])
         loss = ms_kldiv.FusedLinearDistillationLoss(vocab_parallel_group=group, chunk_size=3, **opts)
-        step = nn.TrainOneStepCell(_HeadStep(student, loss, teacher_w[lo:hi]),
-                                   nn.SGD(student.trainable_params(), learning_rate=0.5))
-        losses = [float(step(x, teacher_hidden, ms.Tensor(labels)).asnumpy()) for _ in range(steps)]
+        net = _StoredHeadStep(student, loss) if stored else _HeadStep(student, loss, teacher_w[lo:hi])
+        step = nn.TrainOneStepCell(net, nn.SGD(student.trainable_params(), learning_rate=0.5))
+        inputs = (ms.Tensor(ids), ms.Tensor(values)) if stored else (teacher_hidden,)
+        losses = [float(step(x, *inputs, ms.Tensor(labels)).asnumpy()) for _ in range(steps)]
     finally:
         ms.set_context(mode=ms.PYNATIVE_MODE)
     return losses, {p.name: p.asnumpy() for p in student.trainable_params()}
@@ -156,15 +172,16 @@ def _train_head(group, lo, hi, mode, opts, steps=3):
 HEAD_CASES = [
     ("head_kl_hard", dict(temperature=2.0, hard_weight=0.5, label_smoothing=0.1, z_loss=1e-3)),
     ("head_jsd_teacher_logits_free", dict(beta=0.5, teacher_grad=False)),
+    ("head_stored_teacher_tail", dict(stored=True, temperature=2.0, stored_mode="tail", hard_weight=0.3)),
 ]
 
 
 def _head_records(group, lo, hi, rank):
     records = []
     for name, opts in HEAD_CASES:
-        ref_losses, ref = _train_head(None, 0, 37, "pynative", opts)
+        ref_losses, ref = _train_head(None, 0, 37, "pynative", dict(opts))
         for mode in ("pynative", "cell"):
-            losses, got = _train_head(group, lo, hi, mode, opts)
+            losses, got = _train_head(group, lo, hi, mode, dict(opts))
             err = 0.0
             for pname, value in got.items():
                 want = ref[pname][lo:hi] if pname.split(".")[-1] in ("head", "bias") else ref[pname]
