@@ -88,13 +88,12 @@ DISTILL_HD double teacher_log_norm(const Hyper &h, const int32_t *ids, const flo
   return lq;
 }
 
-// The row's statistics from its sums (m: the raw max) and a loader of x at a class: x_at(j) = (s_j - m) / T.
-// `bad`: an id out of range or repeated.
+// row_stats (below) with the teacher's y_tail and log Q given (teacher_tail / teacher_log_norm, or the same values formed
+// otherwise: the CPU kernels take each log-sum-exp with one log instead of one per id).
 template <typename XAt>
-DISTILL_HD void row_stats(const Hyper &h, const int32_t *ids, const float *vals, int64_t k, double m, double log_z,
-                          double log_z_off, bool bad, XAt x_at, float *stats) {
-  const double y_tail = teacher_tail(h, ids, vals, k, log_z_off);
-  const double log_q_norm = teacher_log_norm(h, ids, vals, k, y_tail);
+DISTILL_HD void row_stats_given_teacher(const Hyper &h, const int32_t *ids, const float *vals, int64_t k, double m,
+                                        double log_z, double log_z_off, bool bad, XAt x_at, double y_tail,
+                                        double log_q_norm, float *stats) {
   bad = bad || !(log_q_norm > -INFINITY);  // no teacher distribution (every id padding, no tail): NaN, as dense
   double d = 0.0, big_a = 0.0, term, a = 0.0;
   for (int64_t i = 0; i < k && !bad; ++i) {
@@ -117,6 +116,16 @@ DISTILL_HD void row_stats(const Hyper &h, const int32_t *ids, const float *vals,
   stats[kATail] = static_cast<float>(a_tail);
   stats[kLogQ] = static_cast<float>(log_q_norm);
   stats[7] = 0.0f;
+}
+
+// The row's statistics from its sums (m: the raw max) and a loader of x at a class: x_at(j) = (s_j - m) / T.
+// `bad`: an id out of range or repeated.
+template <typename XAt>
+DISTILL_HD void row_stats(const Hyper &h, const int32_t *ids, const float *vals, int64_t k, double m, double log_z,
+                          double log_z_off, bool bad, XAt x_at, float *stats) {
+  const double y_tail = teacher_tail(h, ids, vals, k, log_z_off);
+  const double log_q_norm = teacher_log_norm(h, ids, vals, k, y_tail);
+  row_stats_given_teacher(h, ids, vals, k, m, log_z, log_z_off, bad, x_at, y_tail, log_q_norm, stats);
 }
 
 // The gradient at one of the ids, scaled by g_t = g * T.
