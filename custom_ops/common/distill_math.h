@@ -220,6 +220,92 @@ DISTILL_HD void class_terms(int kind, C log_ps, C log_pt, const Mix<C> &m, C *te
   }
 }
 
+// log(1 + e) for e = q_lo / q_hi in [0, 1] without a call to log: 2 atanh(r) with r = e / (2 + e) = q_lo / (2 q_hi +
+// q_lo) in [0, 1/3], 2 atanh(r) = 2 r (1 + r^2/3 + r^4/5 + ...), the series cut after r^12 / 13 (the rest is below
+// 1.6e-8 of the value at r = 1/3, less below). Relative accuracy at every e, also where 1 + e would round to 1 (log(1 +
+// e) loses e there); one division and a short polynomial that vectorize inline.
+template <typename C>
+DISTILL_HD C log1p_ratio(C q_lo, C q_hi) {
+  const C r = q_lo / (C(2) * q_hi + q_lo), r2 = r * r;
+  C p = C(1.0 / 13.0);
+  p = p * r2 + C(1.0 / 11.0);
+  p = p * r2 + C(1.0 / 9.0);
+  p = p * r2 + C(1.0 / 7.0);
+  p = p * r2 + C(1.0 / 5.0);
+  p = p * r2 + C(1.0 / 3.0);
+  return C(2) * r + C(2) * r * (r2 * p);
+}
+
+// The mixture of one class: log M and the shares w_t P_t / M, w_s P_s / M. With u = log(w_t P_t), v = log(w_s P_s),
+// hi = max(u, v) and e = exp(min - hi) in [0, 1], M = exp(hi) (1 + e), so log M = hi + log(1 + e) (log_mix's value,
+// formed the same way) and the shares are 1 / (1 + e) and e / (1 + e), neither of which can underflow or overflow
+// where P does. log_m is 0 where both have no mass (the shares are then NaN: the callers weigh them by a P > 0 test).
+// e comes from one exp of the difference of the logs, log(1 + e) from log1p_ratio: one exp where log_mix takes two
+// exps and a log. (Plain out-parameters, no struct: a struct local keeps
+// GCC's `omp simd` loops from vectorizing.)
+template <typename C>
+DISTILL_HD void mix_parts(C log_ps, C log_pt, const Mix<C> &m, C *log_m, C *share_t, C *share_s) {
+  const C u = log_pt + m.log_w_t, v = log_ps + m.log_w_s;
+  const bool t_hi = u > v;
+  const C hi = t_hi ? u : v, lo = t_hi ? v : u;
+  const C e = exp(lo - hi), r_hi = C(1) / (C(1) + e), r_lo = e * r_hi;
+  *log_m = hi == -INFINITY ? C(0) : hi + log1p_ratio(e, C(1));
+  *share_t = t_hi ? r_hi : r_lo;
+  *share_s = t_hi ? r_lo : r_hi;
+}
+
+// class_terms for the kinds with a mixture or none (kJsd, kTvd, kSkewKl, kSkewRkl, kSymmetric) when the caller has
+// the probabilities ps = exp(log_ps), pt = exp(log_pt) already (from a buffer of exponentials, or computed once for
+// the gradients too) and, for kJsd and the skews, the mixture's parts (mix_parts): the skew terms'
+// P Q / M and P^2 / M are P times a share over its weight, w_q P Q / M = P share_q, w_p P^2 / M = P share_p (no exp
+// of a sum of logs, no division by a weight, which may be 0). Same terms as class_terms up to rounding.
+template <typename C>
+DISTILL_HD void class_terms_mixed(int kind, C log_ps, C log_pt, C ps, C pt, const Mix<C> &m, C log_m, C share_t,
+                                  C share_s, C *term, C *a, C *b) {
+  if (kind == kTvd) {
+    const C d = ps - pt, sg = d > 0 ? C(1) : d < 0 ? C(-1) : C(0);
+    *term = C(0.5) * (d > 0 ? d : -d);
+    *a = C(0.5) * ps * sg;
+    *b = C(-0.5) * pt * sg;
+  } else if (kind == kSymmetric) {
+    const C fwd = pt > 0 ? pt * (log_pt - log_ps) : C(0), rev = ps > 0 ? ps * (log_ps - log_pt) : C(0);
+    *term = m.alpha * fwd + (C(1) - m.alpha) * rev;
+    *a = -m.alpha * pt + (C(1) - m.alpha) * rev;
+    *b = m.alpha * fwd - (C(1) - m.alpha) * ps;
+  } else if (kind == kJsd) {
+    *a = ps > 0 ? m.w_s * ps * (log_ps - log_m) : C(0);
+    *b = pt > 0 ? m.w_t * pt * (log_pt - log_m) : C(0);
+    *term = *a + *b;
+  } else {  // kSkewKl, kSkewRkl: the weighted distribution P against M, Q the other one (as class_terms)
+    const bool t_weighs = kind == kSkewKl;
+    const C lp = t_weighs ? log_pt : log_ps, p = t_weighs ? pt : ps;
+    const C share_p = t_weighs ? share_t : share_s, share_q = t_weighs ? share_s : share_t;
+    const C kl = p > 0 ? p * (lp - log_m) : C(0);
+    const C da_p = p > 0 ? kl - p * share_p : C(0), da_q = p > 0 ? -(p * share_q) : C(0);
+    *term = kl;
+    *a = t_weighs ? da_q : da_p;
+    *b = t_weighs ? da_p : da_q;
+  }
+}
+
+// class_terms_mixed with the mixture from mix_parts.
+template <typename C>
+DISTILL_HD void class_terms_p(int kind, C log_ps, C log_pt, C ps, C pt, const Mix<C> &m, C *term, C *a, C *b) {
+  C log_m = C(0), share_t = C(0), share_s = C(0);
+  if (kind == kJsd || kind == kSkewKl || kind == kSkewRkl) mix_parts(log_ps, log_pt, m, &log_m, &share_t, &share_s);
+  class_terms_mixed(kind, log_ps, log_pt, ps, pt, m, log_m, share_t, share_s, term, a, b);
+}
+
+// grads_mix for the same kinds from ps, pt and the mixture's parts (class_terms_mixed), scaled by g_t.
+template <typename C>
+DISTILL_HD void grads_p(int kind, C log_ps, C log_pt, C ps, C pt, C sum_a, C sum_b, const Mix<C> &m, C log_m,
+                        C share_t, C share_s, C g_t, C *ds, C *dt) {
+  C term, a, b;
+  class_terms_mixed(kind, log_ps, log_pt, ps, pt, m, log_m, share_t, share_s, &term, &a, &b);
+  *ds = g_t * (a - ps * sum_a);
+  *dt = g_t * (b - pt * sum_b);
+}
+
 // The logits' transform applied to both models before the temperature: z -> cap tanh(scale z / cap) (cap > 0, -inf
 // kept), or scale z without a cap; slope is its derivative, which scales the gradients of the raw logits.
 struct Transform {
