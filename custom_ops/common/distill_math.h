@@ -262,7 +262,15 @@ DISTILL_HD void mix_parts(C log_ps, C log_pt, const Mix<C> &m, C *log_m, C *shar
 template <typename C>
 DISTILL_HD void class_terms_mixed(int kind, C log_ps, C log_pt, C ps, C pt, const Mix<C> &m, C log_m, C share_t,
                                   C share_s, C *term, C *a, C *b) {
-  if (kind == kTvd) {
+  if (kind == kFwdKl) {  // (as class_terms; the vocabulary-parallel forward takes every kind through here)
+    *b = pt > 0 ? pt * (log_pt - log_ps) : C(0);
+    *a = -pt;
+    *term = *b;
+  } else if (kind == kRevKl) {
+    *a = ps > 0 ? ps * (log_ps - log_pt) : C(0);
+    *b = -ps;
+    *term = *a;
+  } else if (kind == kTvd) {
     const C d = ps - pt, sg = d > 0 ? C(1) : d < 0 ? C(-1) : C(0);
     *term = C(0.5) * (d > 0 ? d : -d);
     *a = C(0.5) * ps * sg;

@@ -172,10 +172,11 @@ __device__ __forceinline__ void forward_kl_row(const T *s, const T *t, int64_t v
 
 // One row of a two-pass kind (generalized JSD, TVD, skew KL / reverse KL, symmetric KL): both normalizers first
 // (log M and the probabilities need them), then the sums of class_terms' term, a and b.
+// Both rows' normalizers (the two-pass kinds' first pass): base (raw units) and log Z.
 template <int R, bool kTf, typename T>
-__device__ __forceinline__ void forward_terms_row(const T *s, const T *t, int64_t vocab, const Hyper &h, int lane,
-                                                  bool vec, Normalizers *norm_part, Sums *sum_part,
-                                                  float *stats) {
+__device__ __forceinline__ void forward_normalizers(const T *s, const T *t, int64_t vocab, const Hyper &h, int lane,
+                                                    bool vec, Normalizers *norm_part, float *ms_out, float *mt_out,
+                                                    float *lzs_out, float *lzt_out) {
   const Normalizers none{online_empty(), online_empty()};
   Normalizers o = none;
   float bs = 0.0f, bt = 0.0f;
@@ -197,8 +198,17 @@ __device__ __forceinline__ void forward_terms_row(const T *s, const T *t, int64_
         online_merge(&a->s, b.s, inv_t);
         online_merge(&a->t, b.t, inv_t);
       }, none, norm_part);
-  const float ms = (float)safe_base(o.s.m), mt = (float)safe_base(o.t.m);
-  const float lzs = (float)log(o.s.z), lzt = (float)log(o.t.z);
+  *ms_out = (float)safe_base(o.s.m);
+  *mt_out = (float)safe_base(o.t.m);
+  *lzs_out = (float)log(o.s.z);
+  *lzt_out = (float)log(o.t.z);
+}
+
+// The sums of class_terms' term, a and b over one row, from both normalizers (the second pass), into its stats.
+template <int R, bool kTf, typename T>
+__device__ __forceinline__ void forward_sums(const T *s, const T *t, int64_t vocab, const Hyper &h, int lane,
+                                             bool vec, Sums *sum_part, float *stats, float ms, float mt, float lzs,
+                                             float lzt) {
   Sums sums{0.0, 0.0, 0.0};
   const int kind = h.kind;
   for_each_pair<R>(s, t, vocab, lane, vec, [&](float zs, float zt) {
@@ -227,35 +237,65 @@ __device__ __forceinline__ void forward_terms_row(const T *s, const T *t, int64_
   }
 }
 
+// The vocabulary-parallel pieces (distill_abi.h) are this row function's halves: op kStates stops after the
+// normalizers, op kGiven takes them from `given` (the whole row's, merged across ranks) and skips the first pass.
+template <int R, bool kTf, typename T>
+__device__ __forceinline__ void forward_terms_row(const T *s, const T *t, int64_t vocab, const Hyper &h, int lane,
+                                                  bool vec, Normalizers *norm_part, Sums *sum_part,
+                                                  float *stats, int op, const float *given) {
+  float ms, mt, lzs, lzt;
+  if (op == kGiven) {
+    ms = given[kMaxStudent];
+    mt = given[kMaxTeacher];
+    lzs = given[kLogZStudent];
+    lzt = given[kLogZTeacher];
+  } else {
+    forward_normalizers<R, kTf>(s, t, vocab, h, lane, vec, norm_part, &ms, &mt, &lzs, &lzt);
+    if (op == kStates) {
+      if (lane == 0) {
+        for (int c = 0; c < kStats; ++c) stats[c] = 0.0f;
+        stats[kLogZStudent] = lzs;
+        stats[kLogZTeacher] = lzt;
+        stats[kMaxStudent] = ms;
+        stats[kMaxTeacher] = mt;
+      }
+      return;
+    }
+  }
+  forward_sums<R, kTf>(s, t, vocab, h, lane, vec, sum_part, stats, ms, mt, lzs, lzt);
+}
+
 // The rows of one block, with or without the transform (kTf).
 template <int R, bool kTf, typename T>
 __device__ __forceinline__ void forward_rows(const T *s, const T *t, float *stats, int64_t rows, int64_t vocab,
                                              bool vec, const Hyper &h, KlState *kl_part, Normalizers *norm_part,
-                                             Sums *sum_part) {
+                                             Sums *sum_part, int op, const float *given) {
   constexpr int kGroups = kThreads / R;
   const int lane = threadIdx.x % R;
-  const bool one_pass = h.kind == kFwdKl || h.kind == kRevKl;
+  const bool one_pass = op == kForward && (h.kind == kFwdKl || h.kind == kRevKl);
   for (int64_t row = (int64_t)blockIdx.x * kGroups + threadIdx.x / R; row < rows; row += (int64_t)gridDim.x * kGroups) {
     const int64_t off = row * vocab;
     if (one_pass)
       forward_kl_row<R, kTf>(s + off, t + off, vocab, h, lane, vec, kl_part, stats + row * kStats);
     else
-      forward_terms_row<R, kTf>(s + off, t + off, vocab, h, lane, vec, norm_part, sum_part, stats + row * kStats);
+      forward_terms_row<R, kTf>(s + off, t + off, vocab, h, lane, vec, norm_part, sum_part, stats + row * kStats,
+                                op, given ? given + row * kStats : nullptr);
   }
 }
 
 // No __launch_bounds__: with it nvcc capped these kernels at 64 registers and spilled; they need more.
 template <typename T, int R>
 __global__ void distill_fwd(const T *__restrict__ s, const T *__restrict__ t, const double *__restrict__ hyper,
-                            int nhyper, float *__restrict__ stats, int64_t rows, int64_t vocab, bool vec) {
+                            int nhyper, float *__restrict__ stats, int64_t rows, int64_t vocab, bool vec, int op,
+                            const float *__restrict__ given) {
   __shared__ KlState kl_part[kThreads / 32];
   __shared__ Normalizers norm_part[kThreads / 32];
   __shared__ Sums sum_part[kThreads / 32];
   const Hyper h = read_hyper(hyper, nhyper);
   if (h.f.active)
-    forward_rows<R, true>(s, t, stats, rows, vocab, vec, h, kl_part, norm_part, sum_part);
+    forward_rows<R, true>(s, t, stats, rows, vocab, vec, h, kl_part, norm_part, sum_part, op, given);
   else
-    forward_rows<R, false>(s, t, stats, rows, vocab, vec, h, kl_part, norm_part, sum_part);
+    forward_rows<R, false>(s, t, stats, rows, vocab, vec, h, kl_part, norm_part, sum_part, op, given);
 }
 
 // ------------------------------------------------------------------------------------------ backward
@@ -353,12 +393,13 @@ template <typename T, int R>
 static int launch(int op, void **params, int nhyper, int64_t rows, int64_t vocab, cudaStream_t stream) {
   const T *s = static_cast<const T *>(params[0]), *t = static_cast<const T *>(params[1]);
   const double *hyper = static_cast<const double *>(params[2]);
-  float *stats = static_cast<float *>(params[3]);
+  float *stats = static_cast<float *>(params[op == kGiven ? 4 : 3]);
   const int64_t blocks = blocks_for(rows, kThreads / R);
   const bool rows_aligned = (vocab * (int64_t)sizeof(T)) % 16 == 0 && aligned16(s) && aligned16(t);
-  if (op == kForward) {
+  if (is_forward(op)) {
+    const float *given = op == kGiven ? static_cast<const float *>(params[3]) : nullptr;
     KLDIV_LAUNCH((unsigned)blocks, kThreads, 0, stream, distill_fwd<T, R>)(s, t, hyper, nhyper, stats, rows,
-                                                                           vocab, rows_aligned);
+                                                                           vocab, rows_aligned, op, given);
   } else {
     T *ds = ds_param(op) >= 0 ? static_cast<T *>(params[ds_param(op)]) : nullptr;
     T *dt = dt_param(op) >= 0 ? static_cast<T *>(params[dt_param(op)]) : nullptr;
@@ -380,10 +421,10 @@ static int run(int op, int nparam, void **params, int *ndims, int64_t **shapes, 
   if (!rows_and_vocab(op, nparam, ndims, shapes, dtypes, &rows, &vocab)) return 1;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (rows == 0) return 0;
-  if (vocab == 0) {  // no classes: every divergence is 0 (the gradients have no elements)
+  if (vocab == 0 && op != kStates && op != kGiven) {  // no classes: every divergence is 0 (no gradient elements)
     if (op == kForward) cudaMemsetAsync(params[3], 0, sizeof(float) * kStats * rows, s);
     return cudaPeekAtLastError() == cudaSuccess ? 0 : 4;
-  }
+  }  // (a slice without classes still has normalizers: no mass, log Z = -inf; the kernels' empty loops give them)
   // the hyper input's length: 6, or 2 (the old layout); anything else is a layout Python excludes
   const int nhyper = ndims[2] == 1 ? (int)shapes[2][0] : -1;
   if (nhyper != 6 && nhyper != 2) return 1;
@@ -397,5 +438,6 @@ static int run(int op, int nparam, void **params, int *ndims, int64_t **shapes, 
 }  // namespace distill
 
 DISTILL_DEFINE_EXPORTS(distill::cuda::run)
+DISTILL_DEFINE_SHARD_EXPORTS(distill::cuda::run)
 
 DISTILL_DEFINE_INFER_SHAPES
