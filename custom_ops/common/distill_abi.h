@@ -102,7 +102,7 @@ inline std::vector<int64_t> stats_shape(const int *ndims, int64_t *const *shapes
   DISTILL_DEFINE_EXPORT(DistillBwdStudent, run, distill::kStudent)                                        \
   DISTILL_DEFINE_EXPORT(DistillBwdTeacher, run, distill::kTeacher)
 
-// The vocabulary-parallel exports (the CPU library; the other devices' kernels leave them to the composite ones).
+// The vocabulary-parallel exports (CPU and CUDA libraries; without them, e.g. AscendC, the composite kernels serve).
 #define DISTILL_DEFINE_SHARD_EXPORTS(run)                                                                 \
   DISTILL_DEFINE_EXPORT(DistillStates, run, distill::kStates)                                             \
   DISTILL_DEFINE_EXPORT(DistillFwdGiven, run, distill::kGiven)
