@@ -46,18 +46,25 @@ class _DistillForward(nn.Cell):
 
 
 class _DistillBackward(nn.Cell):
-    def __init__(self, temperature, beta, acc_dtype, student=True, teacher=True, variant=KL):
+    def __init__(self, temperature, beta, acc_dtype, student=True, teacher=True, variant=KL, given=False):
         super().__init__()
         self.temperature, self.beta, self.acc_dtype, self.variant = temperature, beta, acc_dtype, variant
         self.student, self.teacher = student, teacher
+        # given: a slice of the vocabulary, whose stats carry the whole row's normalizers and sums
+        self.given = given
 
     def _scaled(self, d, g, like):
         # rows whose incoming gradient is 0 get exact zeros, even where their logits are NaN
         return ops.cast(ops.where(g != 0, d * ops.cast(g, d.dtype), 0.0), like.dtype)
 
     def construct(self, s, t, stats, dloss):
-        ds, dt = row_grads(ops.cast(s, self.acc_dtype), ops.cast(t, self.acc_dtype), self.temperature, self.beta,
-                           self.teacher, variant=self.variant)
+        if self.given:
+            ds, dt = slice_grads(ops.cast(s, self.acc_dtype), ops.cast(t, self.acc_dtype),
+                                 ops.cast(stats, self.acc_dtype), self.temperature, self.beta, self.teacher,
+                                 variant=self.variant)
+        else:
+            ds, dt = row_grads(ops.cast(s, self.acc_dtype), ops.cast(t, self.acc_dtype), self.temperature,
+                               self.beta, self.teacher, variant=self.variant)
         g = ops.expand_dims(dloss, -1)
         if not self.student:
             return self._scaled(dt, g, t)
@@ -91,21 +98,6 @@ class _SliceForward(nn.Cell):
                            ops.gather(states, self.normalizers[1], 1)), -1)
 
 
-class _SliceBackward(_DistillBackward):
-    """The backward from the whole row's normalizers and sums in the stats (a slice of the vocabulary)."""
-
-    def construct(self, s, t, stats, dloss):
-        ds, dt = slice_grads(ops.cast(s, self.acc_dtype), ops.cast(t, self.acc_dtype),
-                             ops.cast(stats, self.acc_dtype), self.temperature, self.beta, self.teacher,
-                             variant=self.variant)
-        g = ops.expand_dims(dloss, -1)
-        if not self.student:
-            return self._scaled(dt, g, t)
-        if self.teacher:
-            return self._scaled(ds, g, s), self._scaled(dt, g, t)
-        return self._scaled(ds, g, s), ops.zeros((1,), t.dtype)
-
-
 class CompositeDistillKernels:
     """The distillation kernel contract in MindSpore ops (closed forms of ``ms_kldiv._distill_math``): every dtype,
     every device. The stats hold the row loss only; the backward recomputes the softmaxes. float64 logits are left
@@ -122,11 +114,13 @@ class CompositeDistillKernels:
     def forward(self, temperature, beta, variant=KL):
         return _DistillForward(temperature, beta, _acc_dtype(self.device), variant)
 
-    def backward(self, temperature, beta, teacher_grad, variant=KL):
-        return _DistillBackward(temperature, beta, _acc_dtype(self.device), teacher=teacher_grad, variant=variant)
+    def backward(self, temperature, beta, teacher_grad, variant=KL, given=False):
+        return _DistillBackward(temperature, beta, _acc_dtype(self.device), teacher=teacher_grad, variant=variant,
+                                given=given)
 
-    def backward_teacher(self, temperature, beta, variant=KL):
-        return _DistillBackward(temperature, beta, _acc_dtype(self.device), student=False, variant=variant)
+    def backward_teacher(self, temperature, beta, variant=KL, given=False):
+        return _DistillBackward(temperature, beta, _acc_dtype(self.device), student=False, variant=variant,
+                                given=given)
 
     # The vocabulary-parallel entry points (base.py): the stats carry the whole row's normalizers and sums.
     def states(self, temperature, variant=KL):
@@ -136,10 +130,10 @@ class CompositeDistillKernels:
         return _SliceForward(temperature, beta, _acc_dtype(self.device), variant)
 
     def backward_given(self, temperature, beta, teacher_grad, variant=KL):
-        return _SliceBackward(temperature, beta, _acc_dtype(self.device), teacher=teacher_grad, variant=variant)
+        return self.backward(temperature, beta, teacher_grad, variant, given=True)
 
     def backward_teacher_given(self, temperature, beta, variant=KL):
-        return _SliceBackward(temperature, beta, _acc_dtype(self.device), student=False, variant=variant)
+        return self.backward_teacher(temperature, beta, variant, given=True)
 
 
 class _SparseForward(nn.Cell):
