@@ -237,6 +237,15 @@ def slice_states(student, teacher, temperature, variant=KL):
     return ops.stack([zero, log_z_s, log_z_t, zero, zero, base_s, base_t, zero], -1)
 
 
+def ranks_logsumexp(every, k):
+    """The whole row's log-sum-exp [R] from every rank's slice normalizer (base, log Z) in columns k, k + 1 of
+    ``every`` [ranks, R, C] (scaled units: base already divided by T); -inf when no slice has mass."""
+    part = every[:, :, k] + every[:, :, k + 1]
+    top = _max_over(part, 0)
+    top = ops.where(top == _NEG_INF, 0.0, top)
+    return top + ops.log(ops.sum(ops.exp(part - top), 0))
+
+
 def merged_log_z(states, gathered, temperature):
     """This rank's (log Z_s, log Z_t) [R] of the whole row, relative to its own bases, from its slice's ``states``
     [R, STATS] and every rank's slice normalizers ``gathered`` [ranks, R, 4] = (base_s, log Z_s, base_t, log Z_t).
@@ -338,13 +347,7 @@ def sliced_cross_entropy_and_grad(logits, labels, keep, weights, z_loss, label_s
     ``vocab_start`` .. ``vocab_start + V_r`` of ``vocab``, 0-d int32 tensors): ``gather`` (x [C, k] -> every
     rank's [ranks, C, k]) merges the slices' normalizers exactly, ``total`` (a SUM over the ranks) adds the label's
     log-probability and the label-smoothing sums; the gradient is this slice's."""
-    base, log_z = slice_normalizer(logits, 1.0)
-    mine = ops.stack([base, log_z], -1)
-    every = gather(mine)
-    lse_r = every[:, :, 0] + every[:, :, 1]
-    top = _max_over(lse_r, 0)
-    top = ops.where(top == _NEG_INF, 0.0, top)
-    lse = top + ops.log(ops.sum(ops.exp(lse_r - top), 0))
+    lse = ranks_logsumexp(gather(ops.stack(slice_normalizer(logits, 1.0), -1)), 0)
     log_p = logits - ops.expand_dims(lse, 1)
     local = ops.expand_dims(labels - vocab_start, 1)
     keep2 = ops.expand_dims(keep, 1)

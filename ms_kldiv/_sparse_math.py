@@ -26,7 +26,7 @@ from mindspore import ops
 from mindspore.ops import constexpr
 
 from . import _math
-from ._distill_math import constants, log_mixture, slice_normalizer
+from ._distill_math import constants, log_mixture, ranks_logsumexp, slice_normalizer
 
 #: Columns of the per-row statistics (sparse::Stat in custom_ops/common/sparse_math.h).
 SPARSE_STATS = 8
@@ -37,9 +37,8 @@ _row_sum = ops.ReduceSum(keep_dims=True)
 # primitives: the ops.zeros_like / ones_like wrappers fail to compile inside a bprop in graph mode
 # ("func graph is empty")
 _zeros_like = ops.ZerosLike()
-# primitives: ops.amax / ops.any fail inside a bprop in graph mode when the differentiated function has an
-# unused input ("func graph is empty")
-_max_over = ops.ReduceMax()
+# the primitive: ops.any fails inside a bprop in graph mode when the differentiated function has an unused input
+# ("func graph is empty")
 _any_over = ops.ReduceAny()
 _ones_like = ops.OnesLike()
 
@@ -101,14 +100,6 @@ def support(x, ids, values, tail, ratio):
     return _buckets(log_r, lse, lse_off, values, valid, tail, ratio) + (lse, lse_off, hits, at, valid, bad)
 
 
-def _merged_lse(every, k):
-    """lse over the ranks of the slices' (base, log Z) pairs in columns k, k + 1 of ``every`` [ranks, R, 4]: [R, 1]."""
-    part = every[:, :, k] + every[:, :, k + 1]
-    top = _max_over(part, 0)
-    top = ops.where(top == _NEG_INF, 0.0, top)
-    return ops.expand_dims(top + ops.log(ops.sum(ops.exp(part - top), 0)), -1)
-
-
 def sliced_support(x, ids, values, tail, ratio, slice_info, gather, total):
     """``support`` for this rank's slice x [R, V_r] of the scaled student logits (vocabulary parallelism): the ids
     stay global, ``slice_info`` = int32 (first column of the slice, whole vocabulary); ``gather`` (x [R, k] ->
@@ -121,7 +112,7 @@ def sliced_support(x, ids, values, tail, ratio, slice_info, gather, total):
     hits = ops.tensor_scatter_elements(_zeros_like(x), at, ops.cast(mine, x.dtype), -1, "add")
     every = gather(ops.stack(slice_normalizer(x, 1.0) + slice_normalizer(ops.where(hits > 0, _NEG_INF, x), 1.0),
                              -1))
-    lse, lse_off = _merged_lse(every, 0), _merged_lse(every, 2)
+    lse, lse_off = (ops.expand_dims(ranks_logsumexp(every, k), -1) for k in (0, 2))
     x_ids = total(ops.where(mine, ops.gather_elements(x, -1, at), 0.0))
     log_r = ops.where(valid, x_ids - lse, _NEG_INF)
     repeated = total(ops.cast(_any_over(hits > 1, -1), x.dtype)) > 0

@@ -21,7 +21,7 @@ import functools
 import mindspore as ms
 from mindspore import nn, ops
 
-from .._distill_math import BASE_S, BASE_T, KL, LOG_Z_S, LOG_Z_T, merged_log_z
+from .._distill_math import BASE_S, BASE_T, KL, LOG_Z_S, LOG_Z_T, SUM_A, SUM_B, merged_log_z
 from .._sparse_math import sliced_row_stats, sliced_student_grad
 
 #: Bytes a rank sends per row and per collective: the gathered normalizers (float32 x 4) and the summed sums.
@@ -116,7 +116,7 @@ class _SliceForward(nn.Cell):
         self.temperature = temperature
         self.normalizers = ms.Tensor([BASE_S, LOG_Z_S, BASE_T, LOG_Z_T], ms.int32)
         self.bases = ms.Tensor([BASE_S, BASE_T], ms.int32)
-        self.sums = ms.Tensor([0, 3, 4], ms.int32)
+        self.sums = ms.Tensor([0, SUM_A, SUM_B], ms.int32)  # the loss and the row sums
         # the primitive: the functional ops.zeros_like in a Cell that has a bprop fails graph compilation when the
         # differentiated function has an input it does not use ("The func graph is empty ... zeros_like")
         self.zeros_like = ops.ZerosLike()
@@ -135,7 +135,7 @@ class _SliceForward(nn.Cell):
 
 class VocabParallelKernels:
     """The distillation kernel contract (``ms_kldiv.backends.base``) of ``kernels`` over vocabulary slices spread
-    across ``group`` (a ``VocabGroup``). First order only: differentiating its backward again raises."""
+    across ``group`` (a ``VocabGroup``). First order only: the gradient of its backward is NaN (``second_order``)."""
 
     second_order = False
 
