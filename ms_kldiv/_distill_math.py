@@ -100,6 +100,13 @@ def log_softmax_plain(z):
     return shifted - ops.log(ops.sum(ops.exp(shifted), -1, keepdim=True))
 
 
+def two_pass(beta, variant):
+    """The kinds whose class terms test p > 0 (the JSD family, TVD, skew, symmetric): on a row where no model has a
+    distribution the fused kernels' sums are 0, not NaN: the row loss is marked NaN there from the student's
+    log-normalizer (``backends.distill.row_loss``)."""
+    return beta not in (0, 1) or variant.divergence != "kl"
+
+
 def log_mixture(log_ps, log_pt, log_w_t, log_w_s):
     """log(w_t P_t + w_s P_s), stable. Lanes where both are -inf (a class masked in both models) get safe operands
     and -inf after, so that no gradient sees exp(-inf - -inf)."""

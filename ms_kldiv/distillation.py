@@ -281,9 +281,6 @@ def _distill_sliced(student_logits, teacher_logits, temperature, reduction, beta
     if len(ops.shape(s2)) != 2:
         s2, t2 = ops.reshape(s2, (-1, vocab)), ops.reshape(t2, (-1, vocab))
     rows = rows_op(s2, t2)
-    if beta not in (0, 1) or variant.divergence != "kl":
-        check = _sliced_rows(backend, device, temperature, 0.0, graph, KL, group)[1]  # as in _distill
-        rows = rows + ops.stop_gradient(check(s2, s2)) * 0.0
     w = None if weights is None else _row_weights(weights, keep, rows.dtype)
     if w is not None:
         rows = rows * ops.reshape(w, (-1,))
@@ -321,14 +318,6 @@ def _distill_whole(student_logits, teacher_logits, temperature, reduction, beta,
         if teacher_logits.dtype != dtype:
             teacher_logits = ops.cast(teacher_logits, dtype)
         rows = rows_op(student_logits, teacher_logits)
-        if beta not in (0, 1) or variant.divergence != "kl":
-            # The two-pass kinds (the JSD family, TVD, skew, symmetric) give 0, not NaN, for a row where neither
-            # model has a distribution (NaN, +inf or every logit -inf in both: its class terms test p > 0, which
-            # NaN fails). The forward KL of the student against itself is finite (0) on a row with a
-            # distribution and NaN on one without, so adding 0 x that marks those rows as the composition does,
-            # for one more read of the student.
-            check = _fused_rows(backend, device, temperature, 0.0, graph)[1]
-            rows = rows + ops.stop_gradient(check(student_logits, student_logits)) * 0.0
         w = None if weights is None else _row_weights(weights, keep, rows.dtype)
         if w is not None:
             rows = rows * w

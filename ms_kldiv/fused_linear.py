@@ -26,8 +26,10 @@ from mindspore import Tensor, nn, ops
 from mindspore.ops import constexpr
 
 from . import _validation
-from ._distill_math import KL, cross_entropy_and_grad, sliced_cross_entropy_and_grad, transform_slope, transformed
+from ._distill_math import (KL, cross_entropy_and_grad, sliced_cross_entropy_and_grad, transform_slope, transformed,
+                            two_pass)
 from .backends import check_name, compiled, get_distill_kernels, get_kernels
+from .backends.distill import row_loss
 from .backends.vocab_parallel import (SliceInfo, SlicedSparseKernels, VocabParallelKernels, gather_cell, sum_cell,
                                       vocab_group)
 
@@ -75,6 +77,7 @@ class _ChunkStep(nn.Cell):
         self.teacher_logits = teacher_logits
         # stored: (ratio, tail) of a stored teacher, whose ids and values take the places of hidden states and weight
         self.stored = stored is not None
+        self.mark = not self.stored and two_pass(beta, variant)  # rows without a distribution: NaN (row_loss)
         if self.stored:
             self.kernel_rows = kernels.forward(temperature, stored[0], beta, stored[1])
             self.kernel_student = kernels.backward(temperature, stored[0], beta, stored[1])
@@ -110,7 +113,7 @@ class _ChunkStep(nn.Cell):
         stats = self.kernel_rows(s_c, *teacher_c)
         at = ops.expand_dims(idx, 1)
         if self.student:
-            loss = loss + ops.sum(ops.where(keep, stats[:, 0] * g, 0.0)) * (self.soft_weight * scale)
+            loss = loss + ops.sum(ops.where(keep, row_loss(stats, self.mark) * g, 0.0)) * (self.soft_weight * scale)
             ds = self.kernel_student(s_c, *teacher_c, stats, g) * (self.soft_weight * scale)
             if self.hard_weight != 0:
                 z = transformed(s_c, self.variant) if self.transformed else s_c

@@ -169,6 +169,33 @@ def test_menu_softcap_keeps_padding_masked(beta, divergence):
     np.testing.assert_allclose(dt, edt, rtol=1e-4, atol=1e-5 * scale, err_msg=f"{v} d_teacher")
 
 
+@pytest.mark.parametrize("name", ["tvd", "skew_kl_0.1", "skew_rkl_0.1", "symmetric_0.3", "jsd_cap3_scale0.5",
+                                  "tvd_cap3_scale0.5"])
+def test_menu_row_without_distribution_is_marked(name):
+    """A row whose student has no distribution (every logit -inf, a NaN, a +inf): the kernel's loss is NaN or its
+    student log-normalizer (stats column 1, which ms_kldiv.backends.distill.row_loss adds 0 x) is not finite, so
+    the loss the API returns is NaN, as the reference's; the other rows keep their losses. Under a soft cap a +inf
+    logit is the cap (the old transform gave NaN there)."""
+    beta, v = VARIANTS[name]
+    sim = _sim("float32")
+    rng = np.random.default_rng(31)
+    s = (rng.standard_normal((4, 300)) * 3).astype(np.float32)
+    t = (rng.standard_normal((4, 300)) * 3).astype(np.float32)
+    s[0], t[0] = -np.inf, -np.inf
+    s[1, 7] = np.nan
+    s[2, :] = -np.inf
+    s[2, 5] = np.inf
+    stats = sim.forward(s, t, 2.0, beta, cores=3, variant=v)
+    with np.errstate(invalid="ignore"):
+        marked = stats[:, 0] + 0.0 * stats[:, 1]
+    exp = _pointwise(s, t, 2.0, beta, v).sum(-1)
+    # a soft cap maps +inf to the finite cap: that row (2) has a distribution, as in the reference
+    no_distribution = [0, 1] if v.softcap > 0 else [0, 1, 2]
+    assert np.isnan(exp[no_distribution]).all() and np.isnan(marked[no_distribution]).all(), (name, stats[:3, :2])
+    finite = [r for r in range(4) if r not in no_distribution]
+    np.testing.assert_allclose(marked[finite], exp[finite], rtol=2e-6, atol=1e-7)
+
+
 def test_menu_large_logits_small_temperature():
     """|z| ~ 1e3 and T = 0.25 without a cap (scale 2): no overflow, finite stats; with a cap of 3 every logit is
     within 3, however large."""

@@ -89,6 +89,43 @@ def test_values_and_both_gradients(backend, exec_mode, variant):
         assert np.all(to_numpy(ds)[0, 1] == 0) and np.all(to_numpy(ds)[0, 2] == 0)  # ignored, weight 0
 
 
+class MeanLoss(nn.Cell):
+    def __init__(self, variant, backend):
+        super().__init__()
+        self.cell = ms_kldiv.DistillationLoss(2.0, "batchmean", backend=backend, **variant)
+
+    def construct(self, s, t):
+        return self.cell(s, t)
+
+
+@pytest.mark.parametrize("variant", VARIANTS[:5] + (dict(divergence="kl", beta=0.5),), ids=IDS[:5] + ["jsd"])
+@pytest.mark.parametrize("exec_mode", ("pynative", "graph"))
+@pytest.mark.parametrize("backend", DISTILL_BACKENDS)
+def test_row_without_distribution_is_nan(backend, exec_mode, variant):
+    """A row whose student logits have no distribution (every logit -inf, a NaN, a +inf) makes the loss NaN for
+    every divergence, as in the reference; the other rows' gradients are unchanged (the mark comes from the
+    forward's saved log-normalizer: no second read of the logits)."""
+    rng = np.random.default_rng(24)
+    s, t = (rng.normal(size=(3, 6)) * 2).astype(np.float32), (rng.normal(size=(3, 6)) * 2).astype(np.float32)
+    beta, kw = _ref_kwargs(variant)
+    grad_fn = ms.value_and_grad(MeanLoss(variant, backend), grad_position=0)
+    for bad_s, bad_t in (([-np.inf] * 6, [-np.inf] * 6), ([0.0, np.nan, 1.0, 2.0, 0.5, 0.0], t[1]),
+                         ([-np.inf, np.inf, 0.0, 0.0, 0.0, 1.0], t[1])):
+        a, b = s.copy(), t.copy()
+        a[1], b[1] = bad_s, bad_t
+        if exec_mode == "graph":
+            with graph_mode():
+                value, ds = grad_fn(Tensor(a), Tensor(b))
+        else:
+            value, ds = grad_fn(Tensor(a), Tensor(b))
+        expected = ref.distillation_loss(a, b, 2.0, "batchmean", beta, **kw)
+        assert np.isnan(float(value)) and np.isnan(expected), (float(value), expected, bad_s)
+        rows = [0, 2]
+        g = central_differences(lambda x: np.sum(ref.distillation_loss(x[rows], b[rows], 2.0, "sum", beta, **kw)) / 3,
+                                a.astype(np.float64))
+        np.testing.assert_allclose(to_numpy(ds)[rows], g[rows], atol=3e-6)
+
+
 def test_anchor_definitions():
     """The reference equals the anchors' definitions, written out: Liger's TVD (1/2 sum |p - q| per token),
     torchtune's SymmetricKLLoss (sym_kd_ratio * forward KL + (1 - ratio) * reverse KL), DistiLLM's skew KL

@@ -19,6 +19,9 @@ current device target and, if so, for that op's implementation:
     - ``forward(temperature, beta, variant=KL)`` -> Cell ``(s, t) -> float32 stats [R, STATS]``; column 0 is each
       row's loss (T^2 times the divergence of ``beta`` and ``variant``: ``ms_kldiv._distill_math.Variant``, the
       divergence of the loss menu and the logits' transform), the other columns are whatever the backward reads;
+      a row whose student has no distribution (NaN, +inf, every logit -inf) has a NaN loss or, for the kinds of
+      ``_distill_math.two_pass``, a non-finite column ``LOG_Z_S`` (the student's log-normalizer), from which
+      ``rows_op`` and the fused head mark it NaN;
     - ``backward(temperature, beta, teacher_grad, variant=KL)`` -> Cell ``(s, t, stats, dloss) -> (d_student,
       d_teacher)`` for the float32 incoming gradient ``dloss`` [R] of the row losses; rows with ``dloss == 0`` get
       exact zeros whatever their logits hold; d_teacher is a one-element placeholder when ``teacher_grad`` is False;

@@ -11,7 +11,7 @@ the reduction (O(rows) work). Second order goes through plain MindSpore ops: the
 import mindspore as ms
 from mindspore import nn, ops
 
-from .._distill_math import KL, hyper, row_grads
+from .._distill_math import KL, LOG_Z_S, hyper, row_grads, two_pass
 from .common import custom_reg_info
 
 
@@ -153,13 +153,23 @@ class _DistillStatsCoreSplit(nn.Cell):
         return (self.grad_student(student, teacher, out, dloss), self.grad_teacher(student, teacher, out, dloss))
 
 
+def row_loss(stats, mark):
+    """Each row's loss from the forward kernel's stats: NaN on a row whose student has no distribution (NaN, +inf
+    or every logit -inf: its log-normalizer, stats column LOG_Z_S, is not finite) when ``mark``
+    (``_distill_math.two_pass``);
+    0 x the normalizer costs no read of the logits."""
+    loss = stats[..., 0]
+    return loss + ops.stop_gradient(stats[..., LOG_Z_S]) * 0.0 if mark else loss
+
+
 class _DistillRows(nn.Cell):
-    def __init__(self, core):
+    def __init__(self, core, mark):
         super().__init__()
         self.core = core
+        self.mark = mark
 
     def construct(self, student, teacher):
-        return self.core(student, teacher)[..., 0]
+        return row_loss(self.core(student, teacher), self.mark)
 
 
 def rows_op(kernels, temperature=1.0, beta=0.0, teacher_grad=True, split=False, variant=KL):
@@ -167,9 +177,10 @@ def rows_op(kernels, temperature=1.0, beta=0.0, teacher_grad=True, split=False, 
     backward launch writes both gradients; with ``teacher_grad=False`` the teacher gets zeros and the kernels do
     no teacher work). ``split`` (compiled code, kernels with ``backward_teacher``): one kernel per gradient.
     ``variant``: the divergence and the logits' transform (``ms_kldiv._distill_math.Variant``)."""
+    mark = two_pass(beta, variant)
     if split and hasattr(kernels, "backward_teacher"):
-        return _DistillRows(_DistillStatsCoreSplit(kernels, temperature, beta, variant))
-    return _DistillRows(_DistillStatsCore(kernels, temperature, beta, teacher_grad, variant))
+        return _DistillRows(_DistillStatsCoreSplit(kernels, temperature, beta, variant), mark)
+    return _DistillRows(_DistillStatsCore(kernels, temperature, beta, teacher_grad, variant), mark)
 
 
 # ----------------------------------------------------------------------------------- compiled libraries

@@ -144,8 +144,9 @@ __aicore__ inline void Sign(const LocalTensor<float>& sg, const LocalTensor<floa
 // e = exp(-2|u|) (no overflow for any u), tanh|u| = (1 - e) / (1 + e), and tanh(u) = max(min(u, tanh|u|), -tanh|u|)
 // (|tanh u| <= |u|; the clamp keeps a tiny u itself, more accurate than 1 - e there). u = -inf (a padded entry,
 // a masked class) stays -inf, as in distill_math.h transform_apply: the clamp alone would give -post, mass for a
-// class that has none. So m = u - max(u, -FLT_MAX) (exactly 0 for a finite u, -inf for u = -inf; no Compare /
-// Select, so no mask tile) is added back after the clamp: finite lanes are unchanged (x + 0), -post + -inf = -inf.
+// class that has none. So m = min(u, -FLT_MAX) + FLT_MAX (exactly 0 for a finite u or +inf, -inf for u = -inf; no
+// Compare / Select, so no mask tile) is added back after the clamp: finite lanes are unchanged (x + 0),
+// -post + -inf = -inf, and u = +inf gives post (u - max(u, -FLT_MAX) would be inf - inf = NaN there).
 // With withSlope, slope = sech^2(u) = 4 e / (1 + e)^2, the cap's derivative (times scale, which the caller folds
 // into its gradient factor); 0 at u = -inf (e = 0), so a masked class's gradient stays 0. e, w: temporaries.
 __aicore__ inline void SoftCapTile(const LocalTensor<float>& x, const LocalTensor<float>& e, const LocalTensor<float>& w,
@@ -163,8 +164,8 @@ __aicore__ inline void SoftCapTile(const LocalTensor<float>& x, const LocalTenso
   Adds(e, e, 1.0f, count);  // 1 - e
   Div(e, e, w, count);      // tanh|u|
   Duplicate(w, -kFloatMax, count);
-  Max(w, x, w, count);
-  Sub(w, x, w, count);      // m: 0, or -inf where u = -inf
+  Min(w, x, w, count);
+  Adds(w, w, kFloatMax, count);  // m: 0, or -inf where u = -inf
   Min(x, x, e, count);
   Muls(e, e, -1.0f, count);
   Max(x, x, e, count);
