@@ -105,6 +105,12 @@ def pytest_configure(config):
         raise pytest.UsageError("MS_KLDIV_REQUIRE_BACKENDS: " + "; ".join(problems))
 
 
+def pytest_collection_modifyitems(config, items):
+    """The tests marked ``slow`` (multi-process, builds, fuzz) first: with one worker per core (``-n auto``) the
+    longest ones then start at once instead of one of them running alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request):
     return request.param

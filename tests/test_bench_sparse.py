@@ -5,9 +5,12 @@ import json
 import os
 import sys
 
+import pytest
+
 import _procs
 
 
+@pytest.mark.slow
 def test_sparse_subcommand_quick(tmp_path):
     out = tmp_path / "records.json"
     cmd = [sys.executable, "-m", "ms_kldiv.bench", "sparse", "--quick", "--ks", "4", "--repeats", "1",

@@ -144,6 +144,7 @@ def test_log_exp_loops_use_libmvec(built_lib):
         assert sym in syms, sym
 
 
+@pytest.mark.slow
 @needs_cxx
 @pytest.mark.parametrize("unit", ["isa_avx2.cc", "isa_avx512.cc"])
 def test_simd_units_vectorize_the_kernels(tmp_path, unit):
@@ -181,6 +182,7 @@ def test_read_bandwidth_tool_reads_every_element_once(built_lib, tmp_path):
 
 
 @needs_cxx
+@pytest.mark.slow
 def test_build_one_into_a_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "out"

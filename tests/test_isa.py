@@ -2,10 +2,11 @@
 
 The library compiles the kernels once per ISA (custom_ops/cpu/isa_*.cc: AVX-512, AVX2 + FMA, an SSE baseline) and
 picks the widest the CPU and OS support, once per process; the rest of the suite runs that unit. MS_KLDIV_ISA narrows
-the choice, so here each narrower unit runs tests/test_aot_kernel.py and tests/test_host_call.py (values and both
-gradients against the float64 reference in PyNative and compiled modes, every dtype, broadcast patterns, sizes around
-the vector/block/thread boundaries, special values in lean and exact blocks, the log's accuracy sweep, the host call
-against the primitive) in a subprocess of its own. A unit this CPU cannot run is reported as skipped, with the reason.
+the choice, so here each narrower unit runs tests/test_aot_kernel.py and tests/test_host_call.py in PyNative (values
+and both gradients against the float64 reference, every dtype, broadcast patterns, sizes around the vector/block/
+thread boundaries, special values in lean and exact blocks, the log's accuracy sweep, the host call against the
+primitive) in a subprocess of its own; the main run covers the compiled modes, which launch the same unit. A unit
+this CPU cannot run is reported as skipped, with the reason.
 Tests marked ``isa_independent`` (no library, Python only, the pool's diagnostics) are not rerun: the main run has
 checked them, and no unit takes part in them.
 """
@@ -32,6 +33,7 @@ def _isa_in_subprocess(isa, cwd):
     return proc.stdout.strip()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAVE_CXX, reason="no C++ compiler on this machine")
 @pytest.mark.parametrize("isa", ISAS)
 def test_kernel_suite_on_each_isa(isa, tmp_path):
@@ -45,8 +47,10 @@ def test_kernel_suite_on_each_isa(isa, tmp_path):
     work = tmp_path / "cwd"
     work.mkdir()
     assert _isa_in_subprocess(isa, str(work)) == isa  # MS_KLDIV_ISA really selects the unit
+    # PyNative only: a unit runs the same code whichever mode launches it (the main run covers the modes), and
+    # the compiled modes' graph builds are most of a rerun's time
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-           "-m", "not isa_independent",
+           "-m", "not isa_independent", "-k", "not jit and not graph",
            os.path.join(TESTS, "test_aot_kernel.py"), os.path.join(TESTS, "test_host_call.py")]
     proc = _procs.run(cmd, 1200, cwd=str(work),
                       env=_procs.with_repo_path(dict(os.environ, MS_KLDIV_ISA=isa)))
