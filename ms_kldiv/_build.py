@@ -279,17 +279,41 @@ def _fingerprint(path):
 
 def build(out_dir, cuda=None, log=print):
     """What setup.py runs: the CPU library always, the CUDA one when nvcc is here (``cuda=None``: if possible)."""
-    built = [build_one("CPU", out_dir)]
-    log(f"ms_kldiv: built {built[-1]}")
+    built = [_build_or_reuse("CPU", out_dir, log)]
     reason = cuda_skipped_reason()
     if cuda or (cuda is None and reason is None):
         if reason and cuda:
             raise BuildError(f"cannot build the CUDA library: {reason}")
-        built.append(build_one("GPU", out_dir))
-        log(f"ms_kldiv: built {built[-1]}")
+        built.append(_build_or_reuse("GPU", out_dir, log))
     elif reason:
         log(f"ms_kldiv: CUDA library skipped ({reason})")
     return built
+
+
+def _build_or_reuse(device, out_dir, log):
+    """build_one into ``out_dir``, by way of the per-user cache keyed by the source hash (sources, headers, flags,
+    compiler): a second install of the same sources (a new venv, a wheel next to an install) copies the library
+    instead of compiling it again, and a first one leaves it there for the next."""
+    src = source_dir()
+    name = LIB_NAMES[device]
+    try:
+        cache = _load_env().cache_dir("lib", source_hash(device, src))
+    except OSError:  # no writable cache anywhere
+        cache = None
+    if cache is None:
+        path = build_one(device, out_dir, src)
+    else:
+        with _file_lock(os.path.join(cache, ".lock")):
+            cached = os.path.join(cache, name)
+            if not (os.path.isfile(cached) and _stamp_ok(cached, source_hash(device, src))):
+                build_one(device, cache, src)
+            os.makedirs(out_dir, exist_ok=True)
+            path = os.path.join(out_dir, name)
+            for suffix in (".stamp", ""):  # the stamp first, as build_one writes them
+                with open(cached + suffix, "rb") as f:
+                    _write_atomically(path + suffix, f.read())
+    log(f"ms_kldiv: built {path}")
+    return path
 
 
 def copy_sources(dest):

@@ -192,6 +192,38 @@ def test_build_one_into_a_folder(tmp_path, monkeypatch):
     ctypes.CDLL(path).KLDivFwdSumProb
 
 
+def test_install_reuses_the_cached_library(tmp_path, monkeypatch):
+    """setup.py's build() compiles into the per-user cache (keyed by the source hash) and copies from it: a second
+    install of the same sources (a new venv, CI's wheel next to its install) compiles nothing; a library whose stamp
+    does not match (damaged, other sources) is compiled again."""
+    monkeypatch.setenv("MS_KLDIV_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("MS_KLDIV_SKIP_CUDA", "1")
+    compiled = []
+
+    def fake_build_one(device, out_dir, src=None):  # a "library" with a valid stamp, in no time
+        os.makedirs(out_dir, exist_ok=True)
+        lib = os.path.join(out_dir, _build.LIB_NAMES[device])
+        with open(lib, "wb") as f:
+            f.write(b"library %d" % len(compiled))
+        with open(lib + ".stamp", "w") as f:
+            f.write(f"{_build.source_hash(device, src)}\n{_build._fingerprint(lib)}\n")
+        compiled.append(out_dir)
+        return lib
+
+    monkeypatch.setattr(_build, "build_one", fake_build_one)
+    first = _build.build(str(tmp_path / "a"), log=lambda m: None)[0]
+    second = _build.build(str(tmp_path / "b"), log=lambda m: None)[0]
+    assert len(compiled) == 1 and compiled[0].startswith(str(tmp_path / "cache"))
+    with open(first, "rb") as f, open(second, "rb") as g:
+        assert f.read() == g.read() == b"library 0"
+    assert _build._stamp_ok(second, _build.source_hash("CPU"))
+    with open(os.path.join(compiled[0], _build.LIB_NAMES["CPU"]), "ab") as f:
+        f.write(b"damage")
+    third = _build.build(str(tmp_path / "c"), log=lambda m: None)[0]
+    assert len(compiled) == 2 and _build._stamp_ok(third, _build.source_hash("CPU"))
+    assert sorted(os.listdir(tmp_path)) == ["a", "b", "c", "cache"]
+
+
 def test_missing_compiler_is_a_build_error(tmp_path, monkeypatch):
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("MS_KLDIV_CACHE", str(tmp_path / "cache"))
