@@ -12,8 +12,8 @@ child's timeout; the children then find it in the cache.
 ``stand_in_compiler(folder, lib)`` writes a stand-in for ``CXX`` that "compiles" empty objects and "links" by
 copying ``lib`` after ``FAKE_CXX_SECONDS`` (default 3), logging link-start/link-end lines to ``FAKE_CXX_LOG``: for
 tests of the cache's own behaviour (locks, atomic renames, rebuilds of damaged files), where what the compiler
-makes is not under test. The compiler the real builds use is exercised by ``library`` and by
-tests/test_build.py::test_build_one_into_a_folder.
+makes is not under test. The compiler the real builds use is exercised by ``library`` and by the
+install itself (setup.py's build).
 """
 import functools
 import os

@@ -122,7 +122,7 @@ print("OK")
 @pytest.mark.slow
 def test_damaged_cached_library_is_rebuilt(built_lib, tmp_path):
     # What is under test is the cache (the stamp check, the rebuild in place, its new stamp), not the compiler: a
-    # stand-in "links" by copying the session's library (a real build: test_build_one_into_a_folder).
+    # stand-in "links" by copying the session's library (a real build: the install's, or _libs.library's).
     from test_aot_kernel import _python
     env = {"MS_KLDIV_CACHE": str(tmp_path / "cache"), "GOOD_LIB": built_lib,
            "MS_KLDIV_SOURCE_DIR": os.path.join(REPO, "custom_ops"), "FAKE_CXX_SECONDS": "0",
