@@ -310,9 +310,9 @@ def _build_or_reuse(device, out_dir, log):
     compiler): a second install of the same sources (a new venv, a wheel next to an install) copies the library
     instead of compiling it again, and a first one leaves it there for the next."""
     src = source_dir()
-    name = LIB_NAMES[device]
+    name, expected = LIB_NAMES[device], source_hash(device, src)
     try:
-        cache = _load_env().cache_dir("lib", source_hash(device, src))
+        cache = _load_env().cache_dir("lib", expected)
     except OSError:  # no writable cache anywhere
         cache = None
     if cache is None:
@@ -320,7 +320,7 @@ def _build_or_reuse(device, out_dir, log):
     else:
         with _file_lock(os.path.join(cache, ".lock")):
             cached = os.path.join(cache, name)
-            if not (os.path.isfile(cached) and _stamp_ok(cached, source_hash(device, src))):
+            if not (os.path.isfile(cached) and _stamp_ok(cached, expected)):
                 build_one(device, cache, src)
             os.makedirs(out_dir, exist_ok=True)
             path = os.path.join(out_dir, name)

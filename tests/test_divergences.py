@@ -126,6 +126,24 @@ def test_row_without_distribution_is_nan(backend, exec_mode, variant):
         np.testing.assert_allclose(to_numpy(ds)[rows], g[rows], atol=3e-6)
 
 
+@pytest.mark.parametrize("exec_mode", ("pynative", "graph"))
+@pytest.mark.parametrize("backend", DISTILL_BACKENDS)
+def test_infinite_row_stays_infinite(backend, exec_mode):
+    """A row with a distribution whose loss is +inf (symmetric KL, the teacher's mass on a class the student
+    masks) stays +inf, as in the reference: the NaN mark for rows without a distribution does not reach it."""
+    s = np.array([[0.0, 1.0, 2.0, -np.inf], [0.5, 0.1, -1.0, 2.0]], np.float32)
+    t = np.array([[0.0, 1.0, 2.0, 3.0], [0.2, 0.1, -1.0, 1.0]], np.float32)
+    variant = dict(divergence="symmetric_kl", alpha=0.3)
+    cell = MeanLoss(variant, backend)
+    if exec_mode == "graph":
+        with graph_mode():
+            value = float(cell(Tensor(s), Tensor(t)))
+    else:
+        value = float(cell(Tensor(s), Tensor(t)))
+    beta, kw = _ref_kwargs(variant)
+    assert value == np.inf == ref.distillation_loss(s, t, 2.0, "batchmean", beta, **kw), value
+
+
 def test_anchor_definitions():
     """The reference equals the anchors' definitions, written out: Liger's TVD (1/2 sum |p - q| per token),
     torchtune's SymmetricKLLoss (sym_kd_ratio * forward KL + (1 - ratio) * reverse KL), DistiLLM's skew KL

@@ -36,13 +36,14 @@ class _DistillForward(nn.Cell):
     def __init__(self, temperature, beta, acc_dtype, variant=KL):
         super().__init__()
         self.temperature, self.beta, self.acc_dtype, self.variant = temperature, beta, acc_dtype, variant
-        # stats = the row loss in column 0; the other columns are not read by this backward
-        self.first_column = ms.Tensor([1.0] + [0.0] * (STATS - 1), ms.float32)
+        # stats = the row loss in column 0; the other columns are exact zeros, not read by this backward (selected,
+        # not multiplied: 0 x an inf loss would be NaN in LOG_Z_S, which row_loss adds to the loss)
+        self.first_column = ms.Tensor([True] + [False] * (STATS - 1), ms.bool_)
 
     def construct(self, s, t):
         loss = row_losses(ops.cast(s, self.acc_dtype), ops.cast(t, self.acc_dtype), self.temperature, self.beta,
                           self.variant)
-        return ops.expand_dims(ops.cast(loss, ms.float32), -1) * self.first_column
+        return ops.where(self.first_column, ops.expand_dims(ops.cast(loss, ms.float32), -1), 0.0)
 
 
 class _DistillBackward(nn.Cell):

@@ -154,10 +154,9 @@ class _DistillStatsCoreSplit(nn.Cell):
 
 
 def row_loss(stats, mark):
-    """Each row's loss from the forward kernel's stats: NaN on a row whose student has no distribution (NaN, +inf
-    or every logit -inf: its log-normalizer, stats column LOG_Z_S, is not finite) when ``mark``
-    (``_distill_math.two_pass``);
-    0 x the normalizer costs no read of the logits."""
+    """Each row's loss from the forward kernel's stats; with ``mark`` (``_distill_math.two_pass``) NaN on a row
+    whose student has no distribution (NaN, +inf or every logit -inf: its log-normalizer, stats column LOG_Z_S, is
+    not finite), marked by adding 0 x that column: no second read of the logits."""
     loss = stats[..., 0]
     return loss + ops.stop_gradient(stats[..., LOG_Z_S]) * 0.0 if mark else loss
 
