@@ -196,6 +196,29 @@ def test_menu_row_without_distribution_is_marked(name):
     np.testing.assert_allclose(marked[finite], exp[finite], rtol=2e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("divergence", ["skew_kl", "skew_rkl"])
+def test_menu_skew_with_alpha_zero(divergence):
+    """alpha = 0 (the mixture is the other model alone): a class only the weighted model keeps gives +inf, as in
+    the reference; where the other model's log-probability is -150 (its probability underflows float32) the row loss
+    and both gradients are the reference's."""
+    v = V(divergence, 0.0, 0.0, 1.0)
+    sim = _sim("float32")
+    kept = np.tile(np.array([[0.0, 1.0, 2.0, 3.0], [0.5, 0.1, -1.0, 2.0]], np.float32), (1, 75))
+    other = kept.copy()
+    other[0, 3] = -np.inf
+    other[1, 3] = -300.0
+    s, t = (other, kept) if divergence == "skew_kl" else (kept, other)
+    stats = sim.forward(s, t, 2.0, 0.0, cores=2, variant=v)
+    expected = _pointwise(s, t, 2.0, 0.0, v).sum(-1)
+    assert stats[0, 0] == np.inf == expected[0]
+    np.testing.assert_allclose(stats[1, 0], expected[1], rtol=2e-6)
+    g = np.array([0.0, 0.8], np.float32)  # the +inf row's gradient is not defined
+    ds, dt = sim.backward(s, t, stats, g, 2.0, 0.0, teacher_grad=True, cores=2, variant=v)
+    eds, edt = distill_sim.reference_variant_grads_f64(s[1:], t[1:], 2.0, 0.0, v, g[1:])
+    np.testing.assert_allclose(ds[1:], eds, rtol=2e-5, atol=1e-6)
+    np.testing.assert_allclose(dt[1:], edt, rtol=2e-5, atol=1e-6)
+
+
 def test_menu_large_logits_small_temperature():
     """|z| ~ 1e3 and T = 0.25 without a cap (scale 2): no overflow, finite stats; with a cap of 3 every logit is
     within 3, however large."""

@@ -4,6 +4,8 @@ the head's z_loss and label_smoothing. Each against the float64 reference (ms_kl
 gradients by central differences), in PyNative and GRAPH_MODE, on every distillation backend; against the anchors'
 own definitions written out here (Liger's TVD, torchtune's symmetric KL, DistiLLM's skew KL, Gemma's soft cap);
 second order through the composite math; bad values raise."""
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -142,6 +144,32 @@ def test_infinite_row_stays_infinite(backend, exec_mode):
         value = float(cell(Tensor(s), Tensor(t)))
     beta, kw = _ref_kwargs(variant)
     assert value == np.inf == ref.distillation_loss(s, t, 2.0, "batchmean", beta, **kw), value
+
+
+@pytest.mark.parametrize("divergence", ("skew_kl", "skew_rkl"))
+@pytest.mark.parametrize("exec_mode", ("pynative", "graph"))
+@pytest.mark.parametrize("backend", DISTILL_BACKENDS)
+def test_skew_with_alpha_zero(backend, exec_mode, divergence):
+    """alpha = 0: the mixture is the other model alone (skew KL is forward KL, skew reverse KL reverse KL). A class
+    only the weighted model keeps gives +inf, as in the reference; where the other model's probability underflows
+    float32 (log P = -150: no linear mixture holds it) the loss and both gradients are the reference's."""
+    kept = np.array([[0.0, 1.0, 2.0, 3.0], [0.5, 0.1, -1.0, 2.0]], np.float32)
+    masked = np.array([[0.0, 1.0, 2.0, -np.inf], [0.5, 0.1, -1.0, 2.0]], np.float32)
+    tiny = np.array([[0.0, 1.0, 2.0, -300.0], [0.5, 0.1, -1.0, 2.0]], np.float32)
+    variant = dict(divergence=divergence, alpha=0.0)
+    _, kw = _ref_kwargs(variant)
+    # the weighted model: the teacher for skew KL, the student for skew reverse KL
+    pairs = [(masked, kept), (tiny, kept)] if divergence == "skew_kl" else [(kept, masked), (kept, tiny)]
+    grad_fn = ms.value_and_grad(MeanLoss(variant, backend), grad_position=(0, 1))
+    with graph_mode() if exec_mode == "graph" else contextlib.nullcontext():
+        (inf_value, _), (value, (ds, dt)) = (grad_fn(Tensor(s), Tensor(t)) for s, t in pairs)
+    assert float(inf_value) == np.inf == ref.distillation_loss(*pairs[0], 2.0, "batchmean", **kw)
+
+    s, t = (x.astype(np.float64) for x in pairs[1])
+    f = lambda x, y: ref.distillation_loss(x, y, 2.0, "batchmean", **kw)  # noqa: E731
+    np.testing.assert_allclose(float(value), f(s, t), rtol=2e-6)
+    np.testing.assert_allclose(to_numpy(ds), central_differences(lambda x: f(x, t), s), atol=3e-6)
+    np.testing.assert_allclose(to_numpy(dt), central_differences(lambda y: f(s, y), t), atol=3e-6)
 
 
 def test_anchor_definitions():

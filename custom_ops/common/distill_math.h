@@ -167,102 +167,88 @@ DISTILL_HD Mix<C> mix_of(int kind, double beta, double alpha) {
   return m;
 }
 
-// log(w_t P_t + w_s P_s) from the two log-probabilities; 0 where both have no mass (no term reads it then).
+// The smallest normal value: below it a mixture takes its log-space bound (mix_parts), and a vector log meets no
+// subnormal lane.
+DISTILL_HD float min_normal(float) { return 1.17549435e-38f; }
+DISTILL_HD double min_normal(double) { return 2.2250738585072014e-308; }
+
+// log x for a positive normal x, inline: on the CPU a call to the vector library's logf in the mixture's loop costs
+// about as much as the rest of the class's work. x = 2^k m with m in [sqrt(1/2), sqrt(2)) from the bits, log x =
+// k ln 2 + log1p(m - 1), log1p by the degree-8 minimax polynomial of Cephes' logf (relative error below 1e-7 of
+// log1p there), k ln 2 in two parts (exact high part).
+DISTILL_HD double log_normal(double x) { return log(x); }
+DISTILL_HD float log_normal(float x) {
+#if defined(__CUDACC__)
+  return logf(x);
+#else
+  unsigned int ix;
+  __builtin_memcpy(&ix, &x, 4);
+  ix += 0x3f800000u - 0x3f3504f3u;  // the exponent field now counts from sqrt(1/2)
+  const float k = static_cast<float>(static_cast<int>(ix >> 23) - 127);
+  ix = (ix & 0x007fffffu) + 0x3f3504f3u;
+  float m;
+  __builtin_memcpy(&m, &ix, 4);
+  const float r = m - 1.0f, r2 = r * r;
+  float p = 7.0376836292e-2f;
+  p = p * r - 1.1514610310e-1f;
+  p = p * r + 1.1676998740e-1f;
+  p = p * r - 1.2420140846e-1f;
+  p = p * r + 1.4249322787e-1f;
+  p = p * r - 1.6668057665e-1f;
+  p = p * r + 2.0000714765e-1f;
+  p = p * r - 2.4999993993e-1f;
+  p = p * r + 3.3333331174e-1f;
+  const float tail = r * r2 * p - 2.12194440e-4f * k - 0.5f * r2;
+  return (r + tail) + 0.693359375f * k;
+#endif
+}
+
+// 1 / x for a positive normal x, inline: a vector division takes several times a multiply's throughput. A first
+// guess from the bits (4 correct bits), then three Newton steps (each doubles them).
+DISTILL_HD double reciprocal_normal(double x) { return 1.0 / x; }
+DISTILL_HD float reciprocal_normal(float x) {
+#if defined(__CUDACC__)
+  return 1.0f / x;
+#else
+  unsigned int ix;
+  __builtin_memcpy(&ix, &x, 4);
+  ix = 0x7ef311c7u - ix;
+  float y;
+  __builtin_memcpy(&y, &ix, 4);
+  y = y * (2.0f - x * y);
+  y = y * (2.0f - x * y);
+  return y * (2.0f - x * y);
+#endif
+}
+
+// The mixture of one class from both probabilities and log-probabilities: log M, M = w_t P_t + w_s P_s, and the
+// shares w_t P_t / M, w_s P_s / M; one log and one division (the JSD reads no share, so it keeps only the log).
+// Where M is below the normal range, log M is max(log(w_t P_t), log(w_s P_s)), which is within log 2 of it (and exact
+// when a weight is 0, the skews at alpha 0 or 1: so a class only the weighted model keeps gives +inf there, and one
+// neither keeps -inf); such a class weighs at most min_normal / w into any term, where the bound's error is lost.
+// (Plain out-parameters, no struct: a struct local keeps GCC's `omp simd` loops from vectorizing.)
 template <typename C>
-DISTILL_HD C log_mix(C log_ps, C log_pt, const Mix<C> &m) {
+DISTILL_HD void mix_parts(C ps, C pt, C log_ps, C log_pt, const Mix<C> &m, C *log_m, C *share_t, C *share_s) {
+  const C mt = m.w_t * pt, ms = m.w_s * ps, mix = mt + ms;
+  const bool small = mix < min_normal(mix);  // not for NaN: the log of a NaN mixture is NaN (safe - safe)
+  const C safe = small ? C(1) : mix, inv = reciprocal_normal(safe);
   const C u = log_pt + m.log_w_t, v = log_ps + m.log_w_s;
-  const C hi = u > v ? u : v;
-  return hi == -INFINITY ? C(0) : hi + log(exp(u - hi) + exp(v - hi));
+  const bool t_hi = u > v;
+  *log_m = small ? (t_hi ? u : v) : log_normal(safe) + (safe - safe);
+  *share_t = small ? (t_hi ? C(1) : C(0)) : mt * inv;
+  *share_s = small ? (t_hi ? C(0) : C(1)) : ms * inv;
 }
 
 // One class's divergence term and its a = P_s dD/dP_s, b = P_t dD/dP_t (constants dropped: they cancel in the
-// softmax's backward), for every kind; classes without mass in the distribution a term weights add 0.
-template <typename C>
-DISTILL_HD void class_terms(int kind, C log_ps, C log_pt, const Mix<C> &m, C *term, C *a, C *b) {
-  const C ps = exp(log_ps), pt = exp(log_pt);
-  if (kind == kFwdKl) {
-    *b = pt > 0 ? pt * (log_pt - log_ps) : C(0);
-    *a = -pt;
-    *term = *b;
-  } else if (kind == kRevKl) {
-    *a = ps > 0 ? ps * (log_ps - log_pt) : C(0);
-    *b = -ps;
-    *term = *a;
-  } else if (kind == kJsd) {
-    const C log_m = log_mix(log_ps, log_pt, m);
-    *a = ps > 0 ? m.w_s * ps * (log_ps - log_m) : C(0);
-    *b = pt > 0 ? m.w_t * pt * (log_pt - log_m) : C(0);
-    *term = *a + *b;
-  } else if (kind == kTvd) {
-    const C d = ps - pt, sg = d > 0 ? C(1) : d < 0 ? C(-1) : C(0);
-    *term = C(0.5) * (d > 0 ? d : -d);
-    *a = C(0.5) * ps * sg;
-    *b = C(-0.5) * pt * sg;
-  } else if (kind == kSkewKl || kind == kSkewRkl) {
-    // the weighted distribution P (P_t for skew KL) against M = w_t P_t + w_s P_s; Q is the other one
-    const bool t_weighs = kind == kSkewKl;
-    const C lp = t_weighs ? log_pt : log_ps, lq = t_weighs ? log_ps : log_pt;
-    const C p = t_weighs ? pt : ps;
-    const C log_m = log_mix(log_ps, log_pt, m);
-    const C w_p = t_weighs ? m.w_t : m.w_s, w_q = t_weighs ? m.w_s : m.w_t;
-    const C kl = p > 0 ? p * (lp - log_m) : C(0);
-    // P Q / M and P^2 / M in log space (exact where M is tiny)
-    const C pq = p > 0 ? exp(lp + lq - log_m) : C(0), pp = p > 0 ? exp(lp + lp - log_m) : C(0);
-    *term = kl;
-    C da_p = kl - w_p * pp, da_q = -w_q * pq;  // P dD/dP and Q dD/dQ
-    *a = t_weighs ? da_q : da_p;
-    *b = t_weighs ? da_p : da_q;
-  } else {  // kSymmetric
-    const C fwd = pt > 0 ? pt * (log_pt - log_ps) : C(0), rev = ps > 0 ? ps * (log_ps - log_pt) : C(0);
-    *term = m.alpha * fwd + (C(1) - m.alpha) * rev;
-    *a = -m.alpha * pt + (C(1) - m.alpha) * rev;
-    *b = m.alpha * fwd - (C(1) - m.alpha) * ps;
-  }
-}
-
-// log(1 + e) for e = q_lo / q_hi in [0, 1] without a call to log: 2 atanh(r) with r = e / (2 + e) = q_lo / (2 q_hi +
-// q_lo) in [0, 1/3], 2 atanh(r) = 2 r (1 + r^2/3 + r^4/5 + ...), the series cut after r^12 / 13 (the rest is below
-// 1.6e-8 of the value at r = 1/3, less below). Relative accuracy at every e, also where 1 + e would round to 1 (log(1 +
-// e) loses e there); one division and a short polynomial that vectorize inline.
-template <typename C>
-DISTILL_HD C log1p_ratio(C q_lo, C q_hi) {
-  const C r = q_lo / (C(2) * q_hi + q_lo), r2 = r * r;
-  C p = C(1.0 / 13.0);
-  p = p * r2 + C(1.0 / 11.0);
-  p = p * r2 + C(1.0 / 9.0);
-  p = p * r2 + C(1.0 / 7.0);
-  p = p * r2 + C(1.0 / 5.0);
-  p = p * r2 + C(1.0 / 3.0);
-  return C(2) * r + C(2) * r * (r2 * p);
-}
-
-// The mixture of one class: log M and the shares w_t P_t / M, w_s P_s / M. With u = log(w_t P_t), v = log(w_s P_s),
-// hi = max(u, v) and e = exp(min - hi) in [0, 1], M = exp(hi) (1 + e), so log M = hi + log(1 + e) (log_mix's value,
-// formed the same way) and the shares are 1 / (1 + e) and e / (1 + e), neither of which can underflow or overflow
-// where P does. log_m is 0 where both have no mass (the shares are then NaN: the callers weigh them by a P > 0 test).
-// e comes from one exp of the difference of the logs, log(1 + e) from log1p_ratio: one exp where log_mix takes two
-// exps and a log. (Plain out-parameters, no struct: a struct local keeps
-// GCC's `omp simd` loops from vectorizing.)
-template <typename C>
-DISTILL_HD void mix_parts(C log_ps, C log_pt, const Mix<C> &m, C *log_m, C *share_t, C *share_s) {
-  const C u = log_pt + m.log_w_t, v = log_ps + m.log_w_s;
-  const bool t_hi = u > v;
-  const C hi = t_hi ? u : v, lo = t_hi ? v : u;
-  const C e = exp(lo - hi), r_hi = C(1) / (C(1) + e), r_lo = e * r_hi;
-  *log_m = hi == -INFINITY ? C(0) : hi + log1p_ratio(e, C(1));
-  *share_t = t_hi ? r_hi : r_lo;
-  *share_s = t_hi ? r_lo : r_hi;
-}
-
-// class_terms for the kinds with a mixture or none (kJsd, kTvd, kSkewKl, kSkewRkl, kSymmetric) when the caller has
-// the probabilities ps = exp(log_ps), pt = exp(log_pt) already (from a buffer of exponentials, or computed once for
-// the gradients too) and, for kJsd and the skews, the mixture's parts (mix_parts): the skew terms'
-// P Q / M and P^2 / M are P times a share over its weight, w_q P Q / M = P share_q, w_p P^2 / M = P share_p (no exp
-// of a sum of logs, no division by a weight, which may be 0). Same terms as class_terms up to rounding.
+// softmax's backward), for every kind, from the log-probabilities, the probabilities ps = exp(log_ps), pt = exp(log_pt)
+// (from a buffer of exponentials, or computed once for the gradients too) and, for kJsd and the skews, the
+// mixture's parts (mix_parts); classes without mass in the distribution a term weights add 0. The skew terms'
+// P Q / M and P^2 / M are P times a share over its weight, w_q P Q / M = P share_q, w_p P^2 / M = P share_p (no
+// division by a weight, which may be 0).
 template <typename C>
 DISTILL_HD void class_terms_mixed(int kind, C log_ps, C log_pt, C ps, C pt, const Mix<C> &m, C log_m, C share_t,
                                   C share_s, C *term, C *a, C *b) {
-  if (kind == kFwdKl) {  // (as class_terms; the vocabulary-parallel forward takes every kind through here)
+  if (kind == kFwdKl) {  // (the vocabulary-parallel forward takes every kind through here)
     *b = pt > 0 ? pt * (log_pt - log_ps) : C(0);
     *a = -pt;
     *term = *b;
@@ -284,7 +270,7 @@ DISTILL_HD void class_terms_mixed(int kind, C log_ps, C log_pt, C ps, C pt, cons
     *a = ps > 0 ? m.w_s * ps * (log_ps - log_m) : C(0);
     *b = pt > 0 ? m.w_t * pt * (log_pt - log_m) : C(0);
     *term = *a + *b;
-  } else {  // kSkewKl, kSkewRkl: the weighted distribution P against M, Q the other one (as class_terms)
+  } else {  // kSkewKl, kSkewRkl: the weighted distribution P against M, Q the other one
     const bool t_weighs = kind == kSkewKl;
     const C lp = t_weighs ? log_pt : log_ps, p = t_weighs ? pt : ps;
     const C share_p = t_weighs ? share_t : share_s, share_q = t_weighs ? share_s : share_t;
@@ -296,11 +282,13 @@ DISTILL_HD void class_terms_mixed(int kind, C log_ps, C log_pt, C ps, C pt, cons
   }
 }
 
-// class_terms_mixed with the mixture from mix_parts.
+// class_terms_mixed with the mixture from mix_parts (the probabilities exps of the log-probabilities).
 template <typename C>
-DISTILL_HD void class_terms_p(int kind, C log_ps, C log_pt, C ps, C pt, const Mix<C> &m, C *term, C *a, C *b) {
+DISTILL_HD void class_terms(int kind, C log_ps, C log_pt, const Mix<C> &m, C *term, C *a, C *b) {
+  const C ps = exp(log_ps), pt = exp(log_pt);
   C log_m = C(0), share_t = C(0), share_s = C(0);
-  if (kind == kJsd || kind == kSkewKl || kind == kSkewRkl) mix_parts(log_ps, log_pt, m, &log_m, &share_t, &share_s);
+  const bool mixed = kind == kJsd || kind == kSkewKl || kind == kSkewRkl;
+  if (mixed) mix_parts(ps, pt, log_ps, log_pt, m, &log_m, &share_t, &share_s);
   class_terms_mixed(kind, log_ps, log_pt, ps, pt, m, log_m, share_t, share_s, term, a, b);
 }
 

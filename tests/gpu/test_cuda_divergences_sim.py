@@ -209,6 +209,27 @@ def test_matches_float64_reference(name):
             assert (ds[pad] == 0).all() and (dt[pad] == 0).all(), what
 
 
+@pytest.mark.parametrize("divergence", ["skew_kl", "skew_rkl"])
+def test_skew_with_alpha_zero(divergence):
+    """alpha = 0 (the mixture is the other model alone): a class only the weighted model keeps gives +inf, as in
+    the reference; where the other model's log-probability is -150 (its probability underflows float32) the row loss
+    and both gradients are the reference's."""
+    variant = (divergence, 0.0, 0.0, 0.0, 1.0)
+    kept = np.array([[0.0, 1.0, 2.0, 3.0] * 10, [0.5, 0.1, -1.0, 2.0] * 10])
+    other = kept.copy()
+    other[0, 3] = -np.inf
+    other[1, 3] = -300.0
+    s, t = (other, kept) if divergence == "skew_kl" else (kept, other)
+    g = np.array([1.0, 0.8])
+    ((stats, (ds, dt), _, _),) = run_batch([(s, t, hyper_of(2.0, variant), g, DTYPES["f32"], 0)])
+    expected = ref_loss(s, t, 2.0, variant)
+    assert stats[0, 0] == np.inf == expected[0]
+    np.testing.assert_allclose(stats[1, 0], expected[1], rtol=2e-6)
+    eds, edt = ref_grads(s[1:], t[1:], 2.0, variant, g[1:])
+    np.testing.assert_allclose(ds[1:], eds, rtol=2e-5, atol=1e-6)
+    np.testing.assert_allclose(dt[1:], edt, rtol=2e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype_id", ["f32", "bf16"])
 def test_matches_cpu_library(dtype_id):
     """The stand-in's statistics and gradients and libkldiv_cpu.so's for the same ABI calls, every variant, both

@@ -120,12 +120,15 @@ __aicore__ inline void LogMix(const LocalTensor<float>& lm, const LocalTensor<fl
   }
 }
 
-// w = exp(lp + lx - lm) (P X / M of the skew divergences, in log space: exact where M is tiny), 0 where P has no
-// mass.
+// w = exp(lw + lp + lx - lm): w_p P X / M of the skew divergences (lw = log w_p, the weight of P in M), in log
+// space: exact where M is tiny, and never above X since w_p P <= M (a weight of 0, lw = -inf, gives 0 where
+// multiplying by it after the exp would meet an overflowed P^2 / M); 0 where P has no mass.
 __aicore__ inline void PowLanes(const LocalTensor<float>& w, const LocalTensor<float>& lp, const LocalTensor<float>& lx,
-                                const LocalTensor<float>& lm, const LocalTensor<uint8_t>& mask, uint32_t count) {
-  Add(w, lp, lx, count);
-  Sub(w, w, lm, count);
+                                const LocalTensor<float>& lm, float lw, const LocalTensor<uint8_t>& mask,
+                                uint32_t count) {
+  Sub(w, lp, lm, count);
+  if (lw != 0.0f) Adds(w, w, lw, count);  // adding 0 would change no lane
+  Add(w, w, lx, count);
   Exp(w, w, count);
   ZeroWhereNoMass(w, lp, mask, count);
 }

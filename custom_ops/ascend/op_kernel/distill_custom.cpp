@@ -254,16 +254,18 @@ class DistillForward {
       const bool tWeighs = in_.kind == distill_tiling::kSkewKl;
       const LocalTensor<float>& lp = tWeighs ? lt : ls;
       const LocalTensor<float>& lq = tWeighs ? ls : lt;
+      // the weights' logs: w_t's is logBeta (skew KL: w_p = alpha; skew reverse KL: w_q = 1 - alpha)
+      const float logWp = tWeighs ? in_.logBeta : in_.log1mBeta, logWq = tWeighs ? in_.log1mBeta : in_.logBeta;
       LogMix(w1, ls, lt, w2, w3, in_.logBeta, in_.log1mBeta, count);  // log M
       KlLanes(w3, w2, lp, w1, 0.0f, mask_, count);                     // P (lp - log M)
       ReduceSum(sc_[kTerm], w3, work_, valid);
-      PowLanes(w2, lp, lq, w1, mask_, count);  // P Q / M
+      PowLanes(w2, lp, lq, w1, logWq, mask_, count);  // w_q P Q / M
       ReduceSum(sc_[kSumA], w2, work_, valid);
-      PowLanes(w2, lp, lp, w1, mask_, count);  // P^2 / M
+      PowLanes(w2, lp, lp, w1, logWp, mask_, count);  // w_p P^2 / M
       ReduceSum(sc_[kSumB], w2, work_, valid);
       VectorToScalar();
       const float kl = sc_.GetValue(kTerm);
-      const float dp = kl - alpha * sc_.GetValue(kSumB), dq = -(1.0f - alpha) * sc_.GetValue(kSumA);
+      const float dp = kl - sc_.GetValue(kSumB), dq = -sc_.GetValue(kSumA);
       *total += kl;
       *sumA += tWeighs ? dq : dp;
       *sumB += tWeighs ? dp : dq;

@@ -189,18 +189,19 @@ class DistillBackward {
       const LocalTensor<float>& lp = tWeighs ? lt : ls;
       const LocalTensor<float>& lq = tWeighs ? ls : lt;
       const float sumP = tWeighs ? k2_ : k1_, sumQ = tWeighs ? k1_ : k2_;
+      const float logWp = tWeighs ? in_.logBeta : in_.log1mBeta, logWq = tWeighs ? in_.log1mBeta : in_.logBeta;
       LogMix(w1, ls, lt, w2, w3, in_.logBeta, in_.log1mBeta, count);  // log M
       if (tWeighs || teacherGrad_) {  // Q (the student for skew KL): -(1 - alpha) P Q / M - Q sum
-        PowLanes(w2, lp, lq, w1, mask, count);
-        Muls(w2, w2, alpha - 1.0f, count);
+        PowLanes(w2, lp, lq, w1, logWq, mask, count);
+        Muls(w2, w2, -1.0f, count);
         Exp(w3, lq, count);
         Muls(w3, w3, -sumQ, count);
         Add(w3, w3, w2, count);
         Out(tWeighs, dsl, dtl, w3, c_, count);
       }
       if (!tWeighs || teacherGrad_) {  // P (the student for skew RKL): P (lp - log M - sum) - alpha P^2 / M
-        PowLanes(w2, lp, lp, w1, mask, count);
-        Muls(w2, w2, -alpha, count);
+        PowLanes(w2, lp, lp, w1, logWp, mask, count);
+        Muls(w2, w2, -1.0f, count);
         KlLanes(w3, lq, lp, w1, sumP, mask, count);  // lq is free now: P there
         Add(w3, w3, w2, count);
         Out(!tWeighs, dsl, dtl, w3, c_, count);
