@@ -174,8 +174,8 @@ DISTILL_HD double min_normal(double) { return 2.2250738585072014e-308; }
 
 // log x for a positive normal x, inline: on the CPU a call to the vector library's logf in the mixture's loop costs
 // about as much as the rest of the class's work. x = 2^k m with m in [sqrt(1/2), sqrt(2)) from the bits, log x =
-// k ln 2 + log1p(m - 1), log1p by the degree-8 minimax polynomial of Cephes' logf (relative error below 1e-7 of
-// log1p there), k ln 2 in two parts (exact high part).
+// k ln 2 + log1p(m - 1), log1p by the degree-8 minimax polynomial of Cephes' logf, k ln 2 in two parts (exact high
+// part): within 0.82 ulp of log x over the normal floats.
 DISTILL_HD double log_normal(double x) { return log(x); }
 DISTILL_HD float log_normal(float x) {
 #if defined(__CUDACC__)
@@ -204,7 +204,7 @@ DISTILL_HD float log_normal(float x) {
 }
 
 // 1 / x for a positive normal x, inline: a vector division takes several times a multiply's throughput. A first
-// guess from the bits (4 correct bits), then three Newton steps (each doubles them).
+// guess from the bits (4 correct bits), then three Newton steps (each doubles them): within 2 ulp.
 DISTILL_HD double reciprocal_normal(double x) { return 1.0 / x; }
 DISTILL_HD float reciprocal_normal(float x) {
 #if defined(__CUDACC__)
@@ -222,7 +222,7 @@ DISTILL_HD float reciprocal_normal(float x) {
 }
 
 // The mixture of one class from both probabilities and log-probabilities: log M, M = w_t P_t + w_s P_s, and the
-// shares w_t P_t / M, w_s P_s / M; one log and one division (the JSD reads no share, so it keeps only the log).
+// shares w_t P_t / M, w_s P_s / M; one log and one reciprocal (the JSD reads no share, so it keeps only the log).
 // Where M is below the normal range, log M is max(log(w_t P_t), log(w_s P_s)), which is within log 2 of it (and exact
 // when a weight is 0, the skews at alpha 0 or 1: so a class only the weighted model keeps gives +inf there, and one
 // neither keeps -inf); such a class weighs at most min_normal / w into any term, where the bound's error is lost.
