@@ -506,7 +506,8 @@ class FusedLinearDistillationLoss(nn.Cell):
             if not compiled(weights):
                 _validation.check_weights_data(weights, _NAME)
         if labels is None:
-            labels = ops.cast(ops.zeros_like(hs[:, 0]), ms.int32)
+            # from a slice that autodiff does not enter: its gradient (StridedSliceGrad) has no bfloat16 CPU kernel
+            labels = ops.cast(ops.zeros_like(ops.stop_gradient(hs)[:, 0]), ms.int32)
             count = ops.cast(ops.reshape(ops.dyn_shape(hs)[:1], ()), ms.float32)
         else:
             labels = ops.cast(ops.reshape(labels, (-1,)), ms.int32)
