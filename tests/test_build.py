@@ -214,6 +214,7 @@ def test_install_reuses_the_cached_library(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["a", "b", "c", "cache"]
 
 
+@needs_cxx
 def test_build_into_a_folder(tmp_path, monkeypatch):
     """``python -m ms_kldiv._build --out DIR``: the library and its stamp (matching these sources) in DIR, nothing
     else in the working directory, and it loads. (It goes through the per-user cache, as an install does: the
