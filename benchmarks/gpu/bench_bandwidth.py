@@ -13,29 +13,12 @@ same byte counts, so the GB/s columns compare work done per second.
 """
 import argparse
 import os
-import statistics
 import sys
 
 # the ctypes harness of the GPU tests
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tests", "gpu"))
 
-from _harness import backward, forward, lib, torch_cuda_reason  # noqa: E402
-
-
-def timed(fn, reps):
-    import torch
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(times)
+from _harness import backward, forward, lib, timed, torch_cuda_reason  # noqa: E402
 
 
 def main(argv=None):

@@ -221,20 +221,54 @@ DISTILL_HD float reciprocal_normal(float x) {
 #endif
 }
 
+// The per-class exp, log and reciprocal of class_terms and grads_mix. kFast (the CUDA backward): on the device the
+// special-function unit's approximations (__expf: relative error about (2 + 1.2 |x|) 2^-23; __logf: about 2^-22
+// absolute; __fdividef: 2 ulp), a few instructions each for the accurate functions' dozen or more, which made
+// the backward of the mixture kinds compute-bound on an H200 (with them every kind's backward runs at 0.9-1.0x the
+// copy rate). Without kFast, and off the device, the accurate functions (the forward keeps those: there the fast
+// ones did not pay).
+template <bool kFast>
+DISTILL_HD double class_exp(double x) { return exp(x); }
+template <bool kFast>
+DISTILL_HD float class_exp(float x) {
+#if defined(__CUDA_ARCH__)
+  if (kFast) return __expf(x);
+#endif
+  return exp(x);
+}
+template <bool kFast>
+DISTILL_HD double class_log(double x) { return log_normal(x); }
+template <bool kFast>
+DISTILL_HD float class_log(float x) {
+#if defined(__CUDA_ARCH__)
+  if (kFast) return __logf(x);
+#endif
+  return log_normal(x);
+}
+template <bool kFast>
+DISTILL_HD double class_reciprocal(double x) { return reciprocal_normal(x); }
+template <bool kFast>
+DISTILL_HD float class_reciprocal(float x) {
+#if defined(__CUDA_ARCH__)
+  if (kFast) return __fdividef(1.0f, x);
+#endif
+  return reciprocal_normal(x);
+}
+
 // The mixture of one class from both probabilities and log-probabilities: log M, M = w_t P_t + w_s P_s, and the
 // shares w_t P_t / M, w_s P_s / M; one log and one reciprocal (the JSD reads no share, so it keeps only the log).
 // Where M is below the normal range, log M is max(log(w_t P_t), log(w_s P_s)), which is within log 2 of it (and exact
 // when a weight is 0, the skews at alpha 0 or 1: so a class only the weighted model keeps gives +inf there, and one
 // neither keeps -inf); such a class weighs at most min_normal / w into any term, where the bound's error is lost.
 // (Plain out-parameters, no struct: a struct local keeps GCC's `omp simd` loops from vectorizing.)
-template <typename C>
+template <bool kFast = false, typename C>
 DISTILL_HD void mix_parts(C ps, C pt, C log_ps, C log_pt, const Mix<C> &m, C *log_m, C *share_t, C *share_s) {
   const C mt = m.w_t * pt, ms = m.w_s * ps, mix = mt + ms;
   const bool small = mix < min_normal(mix);  // not for NaN: the log of a NaN mixture is NaN (safe - safe)
-  const C safe = small ? C(1) : mix, inv = reciprocal_normal(safe);
+  const C safe = small ? C(1) : mix, inv = class_reciprocal<kFast>(safe);
   const C u = log_pt + m.log_w_t, v = log_ps + m.log_w_s;
   const bool t_hi = u > v;
-  *log_m = small ? (t_hi ? u : v) : log_normal(safe) + (safe - safe);
+  *log_m = small ? (t_hi ? u : v) : class_log<kFast>(safe) + (safe - safe);
   *share_t = small ? (t_hi ? C(1) : C(0)) : mt * inv;
   *share_s = small ? (t_hi ? C(0) : C(1)) : ms * inv;
 }
@@ -283,12 +317,12 @@ DISTILL_HD void class_terms_mixed(int kind, C log_ps, C log_pt, C ps, C pt, cons
 }
 
 // class_terms_mixed with the mixture from mix_parts (the probabilities exps of the log-probabilities).
-template <typename C>
+template <bool kFast = false, typename C>
 DISTILL_HD void class_terms(int kind, C log_ps, C log_pt, const Mix<C> &m, C *term, C *a, C *b) {
-  const C ps = exp(log_ps), pt = exp(log_pt);
+  const C ps = class_exp<kFast>(log_ps), pt = class_exp<kFast>(log_pt);
   C log_m = C(0), share_t = C(0), share_s = C(0);
   const bool mixed = kind == kJsd || kind == kSkewKl || kind == kSkewRkl;
-  if (mixed) mix_parts(ps, pt, log_ps, log_pt, m, &log_m, &share_t, &share_s);
+  if (mixed) mix_parts<kFast>(ps, pt, log_ps, log_pt, m, &log_m, &share_t, &share_s);
   class_terms_mixed(kind, log_ps, log_pt, ps, pt, m, log_m, share_t, share_s, term, a, b);
 }
 
@@ -331,9 +365,9 @@ DISTILL_HD float transform_slope(const Transform &f, float z) {
 }
 
 // The gradients of one class for any kind (class_terms), scaled by g_t; kinds 0 and 1 in their closed forms.
-template <typename C>
+template <bool kFast = false, typename C>
 DISTILL_HD void grads_mix(int kind, C log_ps, C log_pt, C sum_a, C sum_b, const Mix<C> &m, C g_t, C *ds, C *dt) {
-  const C ps = exp(log_ps), pt = exp(log_pt);
+  const C ps = class_exp<kFast>(log_ps), pt = class_exp<kFast>(log_pt);
   if (kind == kFwdKl) {
     *ds = g_t * (ps - pt);
     *dt = pt > 0 ? g_t * pt * (log_pt - log_ps - sum_b) : C(0);
@@ -342,7 +376,7 @@ DISTILL_HD void grads_mix(int kind, C log_ps, C log_pt, C sum_a, C sum_b, const 
     *dt = g_t * (pt - ps);
   } else {
     C term, a, b;
-    class_terms(kind, log_ps, log_pt, m, &term, &a, &b);
+    class_terms<kFast>(kind, log_ps, log_pt, m, &term, &a, &b);
     *ds = g_t * (a - ps * sum_a);
     *dt = g_t * (b - pt * sum_b);
   }

@@ -33,6 +33,7 @@ namespace distill {
 namespace cuda {
 
 using kldiv::cuda::for_each_packet_pair;
+using kldiv::cuda::kLazyRescale;
 using kldiv::cuda::from_c;
 using kldiv::cuda::packet;
 using kldiv::cuda::to_c;
@@ -138,15 +139,22 @@ template <int R, bool kTf, typename T>
 __device__ __forceinline__ void forward_kl_row(const T *s, const T *t, int64_t vocab, const Hyper &h, int lane,
                                                bool vec, KlState *part, float *stats) {
   KlState k = kl_empty();
-  float bp = 0.0f, bq = 0.0f;
+  float bp = 0.0f, bq = 0.0f;                     // the exponents' bases: safe_base(k.p.m), safe_base(k.q.m)
+  float lp = -INFINITY, lq = -INFINITY;           // a class above these moves the bases (kLazyRescale)
+  float mp = -INFINITY, mq = -INFINITY;           // the true maxima
+  const float lazy = kLazyRescale / h.inv_t;     // in logit units
   const bool p_is_teacher = h.kind == kFwdKl;
   for_each_pair<R>(s, t, vocab, lane, vec, [&](float zs, float zt) {
     const float vs = value<kTf>(h.f, zs), vt = value<kTf>(h.f, zt);
     const float vp = p_is_teacher ? vt : vs, vq = p_is_teacher ? vs : vt;
-    if (vp > k.p.m || vq > k.q.m) {
+    mp = vp > mp ? vp : mp;
+    mq = vq > mq ? vq : mq;
+    if (vp > lp || vq > lq) {
       kl_move(&k, max_of(k.p.m, vp), max_of(k.q.m, vq), h.inv_t);
       bp = (float)safe_base(k.p.m);
       bq = (float)safe_base(k.q.m);
+      lp = (float)k.p.m + lazy;
+      lq = (float)k.q.m + lazy;
     }
     const float dp = vp - bp, dq = vq - bq;
     const float ep = expf(dp * h.inv_t), eq = expf(dq * h.inv_t);
@@ -154,6 +162,7 @@ __device__ __forceinline__ void forward_kl_row(const T *s, const T *t, int64_t v
     k.q.z += eq;
     k.w += ep > 0.0f ? ep * (dp - dq) : 0.0f;  // a class without P mass adds 0, whatever Q says
   });
+  kl_move(&k, mp, mq, h.inv_t);  // to the true maxima (a no-op where a base already is one)
   const double inv_t = h.inv_t;
   k = group_reduce<R>(k, [inv_t](KlState *a, KlState b) { kl_merge(a, b, inv_t); }, kl_empty(), part);
   if (lane == 0) {
@@ -179,20 +188,29 @@ __device__ __forceinline__ void forward_normalizers(const T *s, const T *t, int6
                                                     float *lzs_out, float *lzt_out) {
   const Normalizers none{online_empty(), online_empty()};
   Normalizers o = none;
-  float bs = 0.0f, bt = 0.0f;
+  float bs = 0.0f, bt = 0.0f;                     // the exponents' bases
+  float ls = -INFINITY, lt = -INFINITY;           // a class above these moves a base (kLazyRescale)
+  float ms = -INFINITY, mt = -INFINITY;           // the true maxima
+  const float lazy = kLazyRescale / h.inv_t;
   for_each_pair<R>(s, t, vocab, lane, vec, [&](float zs, float zt) {
     const float vs = value<kTf>(h.f, zs), vt = value<kTf>(h.f, zt);
-    if (vs > o.s.m) {
+    ms = vs > ms ? vs : ms;
+    mt = vt > mt ? vt : mt;
+    if (vs > ls) {
       online_rescale(&o.s, vs, h.inv_t);
       bs = vs;
+      ls = vs + lazy;
     }
-    if (vt > o.t.m) {
+    if (vt > lt) {
       online_rescale(&o.t, vt, h.inv_t);
       bt = vt;
+      lt = vt + lazy;
     }
     o.s.z += expf((vs - bs) * h.inv_t);
     o.t.z += expf((vt - bt) * h.inv_t);
   });
+  online_rescale(&o.s, ms, h.inv_t);  // to the true maxima
+  online_rescale(&o.t, mt, h.inv_t);
   const double inv_t = h.inv_t;
   o = group_reduce<R>(o, [inv_t](Normalizers *a, Normalizers b) {
         online_merge(&a->s, b.s, inv_t);
@@ -312,7 +330,7 @@ __device__ __forceinline__ void backward_row(const T *s, const T *t, int64_t voc
       apply_and_slope(h.f, zs, &vs, &ks);
       apply_and_slope(h.f, zt, &vt, &kt);
     }
-    grads_mix(kKind, (vs - ms) * h.inv_t - lzs, (vt - mt) * h.inv_t - lzt, sa, sb, h.mix, g_t, gs, gt);
+    grads_mix<true>(kKind, (vs - ms) * h.inv_t - lzs, (vt - mt) * h.inv_t - lzt, sa, sb, h.mix, g_t, gs, gt);
     if (kTf) {
       *gs *= ks;
       *gt *= kt;

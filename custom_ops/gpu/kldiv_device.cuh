@@ -51,5 +51,15 @@ __device__ __forceinline__ int64_t for_each_packet_pair(const T* x, const T* t, 
   return nv * Vec16<T>::kN;
 }
 
+// A row loop's per-class sums run in float and are added to its double state every this many classes (and before
+// its base moves): for a loop with little other work per class (the stored-teacher forward) the float-to-double
+// conversions per class were a large part of it; 16 float additions keep a partial sum within 16 ulp of its terms.
+constexpr int kFlushEvery = 16;
+// Online softmax loops move their exponents' base (a double rescale of the sums) only when a class exceeds it by
+// more than this many exponent units, and once more to the true maximum after the loop: moving it at every new
+// maximum made a warp rescale for some lane in most steps (divergent double exps dominated the forward). Terms
+// stay below e^16, far from float overflow, and the stats keep the true maximum.
+constexpr float kLazyRescale = 16.0f;
+
 }  // namespace cuda
 }  // namespace kldiv

@@ -36,6 +36,8 @@ namespace sparse {
 namespace cuda {
 
 using kldiv::cuda::from_c;
+using kldiv::cuda::kFlushEvery;
+using kldiv::cuda::kLazyRescale;
 using kldiv::cuda::packet;
 using kldiv::cuda::to_c;
 using kldiv::cuda::Vec16;
@@ -141,16 +143,29 @@ __device__ __forceinline__ void forward_row(const T *s, const int32_t *ids, cons
   const int64_t units = vocab / E;  // kVec: V is a whole number of packets
   const float inv_t = h.inv_t;
   Sums st = sums_empty();
-  float base = 0.0f;
+  float base = 0.0f, lazy_above = -INFINITY, m = -INFINITY;  // the exponents' base, kLazyRescale's bound, the max
+  const float lazy = kLazyRescale / inv_t;  // in logit units
+  float z_part = 0.0f, z_off_part = 0.0f;  // the sums since the last flush (kFlushEvery)
+  int pending = 0;
   bool bad = false;
+  const auto flush = [&] {
+    st.z += z_part;
+    st.z_off += z_off_part;
+    z_part = z_off_part = 0.0f;
+    pending = 0;
+  };
   auto add = [&](float v, bool on_id) {
-    if (v > st.m) {
+    m = v > m ? v : m;
+    if (v > lazy_above) {
+      flush();
       sums_rescale(&st, v, inv_t);
       base = v;
+      lazy_above = v + lazy;
     }
     const float e = expf((v - base) * inv_t);
-    st.z += e;
-    if (!on_id) st.z_off += e;
+    z_part += e;
+    z_off_part += on_id ? 0.0f : e;
+    if (++pending == kFlushEvery) flush();
   };
   for (int64_t u0 = 0; u0 < units; u0 += (int64_t)R * U) {
     const uint64_t mask = tile_mask<R, E>(ids, k, vocab, u0, lane, &bad);
@@ -167,6 +182,8 @@ __device__ __forceinline__ void forward_row(const T *s, const int32_t *ids, cons
       }
     }
   }
+  flush();
+  sums_rescale(&st, m, inv_t);  // to the true maximum
   st.bad = bad ? 1.0 : 0.0;
   const double inv_t_d = inv_t;
   st = group_reduce<R>(st, [inv_t_d](Sums *a, Sums b) { sums_merge(a, b, inv_t_d); }, sums_empty(), part);

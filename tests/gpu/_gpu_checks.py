@@ -1,6 +1,8 @@
 """Tolerances and comparisons shared by the GPU tests (real device and CUDA-on-CPU stand-in)."""
 import numpy as np
 
+from _modules import reference as ref
+
 # Relative tolerance per dtype against the float64 reference of the rounded inputs (halves: computed in
 # float, rounded once on output; one more rounding where a broadcast gradient is summed back).
 TOL = {"f64": 1e-12, "f32": 1e-5, "f16": 2e-3, "bf16": 1.6e-2}
@@ -47,3 +49,16 @@ def sample(rng, shape, log_target, zero_mass=0.1):
         with np.errstate(divide="ignore"):
             t = np.log(t)
     return x, t
+
+
+def distill_magnitudes(s, t, temperature):
+    """Sizes of the terms a distillation row's loss and gradients sum (per row, per class): rounding errors
+    scale with them, not with the result, which cancels."""
+    ls = ref.log_softmax(np.asarray(s, np.float64) / temperature)
+    lt = ref.log_softmax(np.asarray(t, np.float64) / temperature)
+    ps, pt = np.exp(ls), np.exp(lt)
+    fin = lambda a: np.where(np.isfinite(a), np.abs(a), 0.0)  # noqa: E731
+    size = 1.0 + fin(ls) + fin(lt)
+    loss = temperature ** 2 * np.sum((ps + pt) * size, axis=-1)
+    grad = temperature * (ps + pt) * (size + np.sum((ps + pt) * size, axis=-1, keepdims=True))
+    return loss, grad

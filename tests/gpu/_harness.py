@@ -32,7 +32,7 @@ def torch_cuda_reason():
 
 def _build_for_local_gpu():
     import torch
-    from ms_kldiv import _build
+    from _modules import build as _build
     nvcc = _build._nvcc() or shutil.which("nvcc")
     if not nvcc:
         raise RuntimeError("no libkldiv_cuda.so found and no nvcc to build one")
@@ -53,7 +53,7 @@ def library_path():
     if env:
         return env
     try:
-        from ms_kldiv import _build
+        from _modules import build as _build
         found = _build.find_library("GPU")
         if found:
             return found
@@ -76,8 +76,9 @@ def _dtype_name(tensor):
             torch.float64: "float64"}[tensor.dtype]
 
 
-def call(symbol, tensors):
-    """Run ``symbol`` on CUDA tensors (inputs then outputs, all one dtype) on torch's current stream."""
+def call(symbol, tensors, dtype_names=None):
+    """Run ``symbol`` on CUDA tensors (inputs then outputs) on torch's current stream; the ABI's dtype strings are
+    ``dtype_names`` or the tensors' own."""
     import torch
     n = len(tensors)
     params = (ctypes.c_void_p * n)(*[t.data_ptr() for t in tensors])
@@ -85,9 +86,10 @@ def call(symbol, tensors):
     shape_arrays = [(ctypes.c_int64 * max(t.dim(), 1))(*t.shape) for t in tensors]
     shapes = (ctypes.POINTER(ctypes.c_int64) * n)(
         *[ctypes.cast(a, ctypes.POINTER(ctypes.c_int64)) for a in shape_arrays])
-    names = [_dtype_name(t).encode() for t in tensors]
+    names = [n.encode() for n in dtype_names or [_dtype_name(t) for t in tensors]]
     dtypes = (ctypes.c_char_p * n)(*names)
-    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    on_gpu = any(t.is_cuda for t in tensors)  # else: the CPU library, same ABI, no stream
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream if on_gpu else 0)
     fn = getattr(lib(), symbol)
     fn.restype = ctypes.c_int
     rc = fn(ctypes.c_int(n), params, ndims, shapes, dtypes, stream, ctypes.c_void_p(0))
@@ -122,6 +124,24 @@ def backward_one(x, t, dout, reduction, log_target, which):
     rc = call(sym, [x.contiguous(), t.contiguous(), dout.contiguous(), grad])
     assert rc == 0, f"{sym} returned {rc}"
     return grad
+
+
+def timed(fn, reps):
+    """Median seconds of ``fn()`` on the current stream by CUDA events, after 3 warm-up calls (the benchmarks')."""
+    import statistics
+    import torch
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return statistics.median(times)
 
 
 def to_f64(tensor):

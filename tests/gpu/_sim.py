@@ -9,6 +9,11 @@ child process: ``run_calls(calls)`` sends a batch of ABI calls to one child and 
 raises ``SimError`` with the child's "cudasim: ..." message.
 
 bfloat16 travels as uint16 bit patterns (NumPy has no bfloat16); see ``to_bf16_bits``/``bf16_bits_to_f64``.
+
+``MS_KLDIV_CUDA_DEVICE=1`` runs the same calls on a real GPU instead (``libkldiv_cuda.so`` through the ctypes
+harness, operands copied to torch CUDA tensors, in this process): every stand-in test then checks the device.
+Stand-in-only tests (its own checks, kernels with planted bugs) skip there; grid and schedule choices
+(``sms``, ``reverse``) are the device's own.
 """
 import glob
 import hashlib
@@ -30,6 +35,7 @@ FLAGS = ["-std=c++17", "-O2", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "
          "-Wl,-Bsymbolic", "-fsanitize=kernel-address", "--param", "asan-instrumentation-with-call-threshold=0",
          "--param", "asan-stack=0", "--param", "asan-globals=0", "-Wno-unknown-pragmas"]
 RED_NAMES = {"none": "None", "sum": "Sum", "mean": "Mean", "batchmean": "Batchmean"}
+ON_DEVICE = os.environ.get("MS_KLDIV_CUDA_DEVICE") == "1"
 
 
 class SimError(RuntimeError):
@@ -37,7 +43,9 @@ class SimError(RuntimeError):
 
 
 def compiler_reason():
-    """None when g++ can build the stand-in here, else why not."""
+    """None when g++ can build the stand-in here (or the calls run on the device), else why not."""
+    if ON_DEVICE:
+        return None
     try:
         subprocess.run([CXX, "--version"], capture_output=True, check=True)
     except (OSError, subprocess.CalledProcessError) as e:
@@ -51,6 +59,9 @@ def _cache_root():
 
 def build(sources=None, extra_flags=()):
     """Path of the stand-in library built from ``sources`` (default: custom_ops/gpu/*.cu)."""
+    if ON_DEVICE:
+        import pytest
+        pytest.skip("a stand-in build (its own checks, planted bugs): MS_KLDIV_CUDA_DEVICE=1 runs the device")
     sources = sorted(os.path.abspath(p) for p in (sources or glob.glob(os.path.join(SRC, "gpu", "*.cu"))))
     headers = sorted(glob.glob(os.path.join(SRC, "common", "*.h")) + glob.glob(os.path.join(SRC, "gpu", "*.cuh"))
                      + glob.glob(os.path.join(SIM, "*.h")))
@@ -137,6 +148,8 @@ def run_calls(calls, lib_path=None, timeout=600):
     operands differ (the distillation ABI's float64 hyper-parameters and float32 statistics).
     Returns [(rc, [outputs], live_allocations)].
     """
+    if ON_DEVICE and lib_path is None:
+        return _run_on_device(calls)
     lib_path = lib_path or build()
     prepared = []
     for c in calls:
@@ -151,6 +164,39 @@ def run_calls(calls, lib_path=None, timeout=600):
         err = proc.stderr.decode(errors="replace")
         raise SimError(err[-3000:] or f"child exited with {proc.returncode}")
     return pickle.loads(proc.stdout)
+
+
+def _run_on_device(calls):
+    """``run_calls`` on the GPU: the same operands, offsets and garbage-filled outputs, as torch CUDA tensors."""
+    import torch
+    import _harness
+    as_torch = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+                "float64": torch.float64, "int32": torch.int32, "int64": torch.int64}
+    results = []
+    for call in calls:
+        if call["symbol"] == "__info__":
+            results.append(_harness.lib().KLDivLibInfo().decode())
+            continue
+        names = call.get("dtypes") or [call["dtype"]] * len(call["arrays"])
+        spec = call.get("spec", len(call["arrays"]))
+        views = []
+        for (a, off), name in zip(call["arrays"], names):
+            a = np.array(a, order="C")  # (np.ascontiguousarray would make a 0-d operand 1-d)
+            host = torch.from_numpy(a.view(np.int16) if name == "bfloat16" else a).reshape(-1)
+            if name == "bfloat16":
+                host = host.view(torch.bfloat16)
+            base = torch.empty(a.size + off + 8, dtype=as_torch[name], device="cuda")
+            view = base[off:off + a.size]
+            view.copy_(host)
+            views.append(view.view(a.shape))
+        rc = _harness.call(call["symbol"], views, names)
+        torch.cuda.synchronize()
+        outs = []
+        for v, name in zip(views[spec:], names[spec:]):
+            v = v.cpu()
+            outs.append(v.view(torch.int16).numpy().view(np.uint16) if name == "bfloat16" else v.numpy())
+        results.append((rc, outs, 0))
+    return results
 
 
 def _garbage(a):

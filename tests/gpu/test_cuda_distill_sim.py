@@ -11,10 +11,10 @@ import os
 import numpy as np
 import pytest
 
-from ms_kldiv import reference as ref
+from _modules import reference as ref
 
 import _sim
-from _gpu_checks import ATOL, TOL, close
+from _gpu_checks import ATOL, TOL, close, distill_magnitudes
 
 REASON = _sim.compiler_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"stand-in needs g++: {REASON}")
@@ -68,18 +68,6 @@ def logits(shape, seed, scale=3.0):
     return rng.normal(size=shape) * scale, rng.normal(size=shape) * scale, rng.normal(size=shape[:-1])
 
 
-def magnitudes(s, t, temperature):
-    """Sizes of the terms each result sums (rounding errors scale with them, not with the result)."""
-    ls = ref.log_softmax(s / temperature)
-    lt = ref.log_softmax(t / temperature)
-    ps, pt = np.exp(ls), np.exp(lt)
-    fin = lambda a: np.where(np.isfinite(a), np.abs(a), 0.0)  # noqa: E731
-    size = 1.0 + fin(ls) + fin(lt)
-    loss = temperature ** 2 * np.sum((ps + pt) * size, axis=-1)
-    grad = temperature * (ps + pt) * (size + np.sum((ps + pt) * size, axis=-1, keepdims=True))
-    return loss, grad
-
-
 def check_case(s, t, temperature, beta, dtype_id, dloss, offset=0, **sim):
     dtype = DTYPES[dtype_id]
     s, t = rounded(s, dtype), rounded(t, dtype)
@@ -87,7 +75,7 @@ def check_case(s, t, temperature, beta, dtype_id, dloss, offset=0, **sim):
     tol = TOL[dtype_id]
     # P of a far-off class can be a float32 subnormal: what it weights then has absolute, not relative, accuracy
     atol = max(ATOL[dtype_id], 2.0 ** -126)
-    loss_mag, grad_mag = magnitudes(s, t, temperature)
+    loss_mag, grad_mag = distill_magnitudes(s, t, temperature)
     exp_loss = ref.distillation_pointwise(s, t, temperature, beta).sum(axis=-1)
     close(stats[..., 0], exp_loss, max(tol, 1e-5), loss_mag, "row loss", 1e-30)
     eds, edt = ref.distillation_row_grads(s, t, temperature, beta, dloss)
@@ -145,7 +133,7 @@ def test_matches_float64_reference(shape, offset, beta, dtype_id):
 def test_matches_cpu_library(shape, beta, dtype_id):
     """The stand-in's statistics and gradients and libkldiv_cpu.so's for the same ABI calls: maxima identical,
     the rest within the dtype's tolerance (their summation orders differ)."""
-    from ms_kldiv import _build
+    from _modules import build as _build
     dtype = DTYPES[dtype_id]
     s, t, g = logits(shape, 7)
     s, t = rounded(s, dtype), rounded(t, dtype)
@@ -153,7 +141,7 @@ def test_matches_cpu_library(shape, beta, dtype_id):
     cpu = run_case(s, t, 1.5, beta, dtype, g, lib_path=_build.ensure_library("CPU"))
     np.testing.assert_array_equal(sim[0][..., 5:7], cpu[0][..., 5:7])
     np.testing.assert_allclose(sim[0][..., :5], cpu[0][..., :5], rtol=2e-6, atol=2e-6)
-    _, grad_mag = magnitudes(s, t, 1.5)
+    _, grad_mag = distill_magnitudes(s, t, 1.5)
     for a, b, what in ((sim[1][0], cpu[1][0], "d_student"), (sim[1][1], cpu[1][1], "d_teacher")):
         close(a, b, 2 * max(TOL[dtype_id], 2e-5), grad_mag * np.abs(g)[..., None], what, 2 * ATOL[dtype_id])
 

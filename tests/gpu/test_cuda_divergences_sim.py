@@ -9,7 +9,7 @@ one for the backwards)."""
 import numpy as np
 import pytest
 
-from ms_kldiv import reference as ref
+from _modules import reference as ref
 
 import _sim
 from _gpu_checks import ATOL, TOL, close
@@ -235,7 +235,7 @@ def test_matches_cpu_library(dtype_id):
     """The stand-in's statistics and gradients and libkldiv_cpu.so's for the same ABI calls, every variant, both
     launch shapes: maxima equal (within one float rounding of the transform, whose tanhf the CPU may vectorize),
     the rest within the dtype's tolerance (their summation orders differ)."""
-    from ms_kldiv import _build
+    from _modules import build as _build
     dtype = DTYPES[dtype_id]
     cases, inputs = [], []
     for name, variant in VARIANTS.items():

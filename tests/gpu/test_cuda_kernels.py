@@ -9,7 +9,7 @@ Skips cleanly without torch or a CUDA device. Run on a GPU machine with:
 import numpy as np
 import pytest
 
-from ms_kldiv import reference as ref
+from _modules import reference as ref
 
 from _gpu_checks import ATOL, TOL, close, sample, term_magnitudes
 from _harness import backward, backward_one, forward, lib, to_f64, torch_cuda_reason
@@ -148,7 +148,7 @@ def test_float32_sum_accuracy_32m():
     n = 1 << 25
     g = torch.Generator(device="cuda").manual_seed(0)
     t = torch.rand(n, device="cuda", generator=g)
-    x = torch.log(torch.rand(n, device="cuda", generator=g)) - 2.0
+    x = torch.log1p(-torch.rand(n, device="cuda", generator=g)) - 2.0  # log of (0, 1]: finite
     got = forward(x, t, "sum", False).item()
     exp = float(ref.kl_div(x.double().cpu().numpy(), t.double().cpu().numpy(), "sum"))
     assert abs(got - exp) <= 1e-6 * abs(exp), (got, exp)
@@ -163,12 +163,14 @@ def test_large_2_27(dtype_id):
     dtype = DTYPES[dtype_id]
     g = torch.Generator(device="cuda").manual_seed(1)
     t = torch.rand(n, device="cuda", generator=g).to(dtype)
-    x = (torch.log(torch.rand(n, device="cuda", generator=g)) - 1.0).to(dtype)
+    x = (torch.log1p(-torch.rand(n, device="cuda", generator=g)) - 1.0).to(dtype)  # log of (0, 1]: finite
     xd, td = x.double(), t.double()
     loss = torch.where(td > 0, td * (torch.log(torch.where(td > 0, td, 1.0)) - xd), 0.0)
     got = forward(x, t, "sum", False).item()
     exp = loss.sum().item()
-    assert abs(got - exp) <= 1e-6 * abs(exp) * (1 if dtype_id == "f32" else 10), (got, exp)
+    # the float32 accumulation within 1e-6 (SPEC), then the one rounding to the output dtype (bfloat16: 2^-9)
+    stored = torch.tensor(exp, dtype=torch.float64).to(dtype).item()
+    assert abs(got - exp) <= 1e-6 * abs(exp) + abs(stored - exp), (got, exp, stored)
     out = forward(x, t, "none", False)
     idx = torch.arange(0, n, 4099, device="cuda")
     close(to_f64(out[idx]), ref.pointwise_loss(to_f64(x[idx]), to_f64(t[idx])), TOL[dtype_id],

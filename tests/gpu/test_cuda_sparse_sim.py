@@ -17,7 +17,7 @@ import os
 import numpy as np
 import pytest
 
-from ms_kldiv import reference as ref
+from _modules import reference as ref
 
 import _sim
 from _gpu_checks import ATOL, TOL, close
@@ -190,7 +190,7 @@ def _run(lib_path):
 @pytest.fixture(scope="module")
 def results():
     """{case: (stand-in stats, stand-in d_student, CPU stats, CPU d_student from the stand-in's stats)}."""
-    from ms_kldiv import _build
+    from _modules import build as _build
     cpu = _build.ensure_library("CPU")
     names, sim_stats = _run(None)
     _, cpu_stats = _run(cpu)

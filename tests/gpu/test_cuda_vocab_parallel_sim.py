@@ -7,7 +7,7 @@ divergence."""
 import numpy as np
 import pytest
 
-from ms_kldiv import _build
+from _modules import build as _build
 
 import _sim
 from test_cuda_distill_sim import STATS
