@@ -86,7 +86,7 @@ def call(symbol, tensors, dtype_names=None):
     shape_arrays = [(ctypes.c_int64 * max(t.dim(), 1))(*t.shape) for t in tensors]
     shapes = (ctypes.POINTER(ctypes.c_int64) * n)(
         *[ctypes.cast(a, ctypes.POINTER(ctypes.c_int64)) for a in shape_arrays])
-    names = [n.encode() for n in dtype_names or [_dtype_name(t) for t in tensors]]
+    names = [name.encode() for name in dtype_names or [_dtype_name(t) for t in tensors]]
     dtypes = (ctypes.c_char_p * n)(*names)
     on_gpu = any(t.is_cuda for t in tensors)  # else: the CPU library, same ABI, no stream
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream if on_gpu else 0)
