@@ -106,8 +106,8 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The tests marked ``slow`` (multi-process, builds, fuzz) first: with one worker per core (``-n auto``) the
-    longest ones then start at once instead of one of them running alone at the end."""
+    """The tests marked ``slow`` (multi-process, builds, fuzz) first. With workers (``-n``), pytest.ini's
+    ``--dist loadfile`` gives each file to one worker and xdist hands the files out largest (most tests) first."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 

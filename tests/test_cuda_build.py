@@ -1,12 +1,12 @@
 """The CUDA library compiles with nvcc and exports exactly the ABI of custom_ops/common/kldiv_abi.h,
 distill_abi.h and sparse_abi.h.
 
-No GPU is needed: this compiles custom_ops/gpu/*.cu for one architecture (all of them would take minutes on
-CI's two cores; the full list is ms_kldiv._build.NVCC_FLAGS) and reads the dynamic symbol table. Running
-the kernels is tests/gpu/'s job (on the CUDA-on-CPU stand-in without a GPU). The resource tests compile
-sm_80 and sm_90 cubins with ``ptxas -v`` and check every kernel's registers, spills and shared memory, and
-that each cubin holds every kernel (readelf on the cubin: cuobjdump/nvdisasm are not part of every
-toolkit install). Skips only when nvcc is absent.
+No GPU is needed: one nvcc run compiles custom_ops/gpu/*.cu into the library for two architectures, sm_80 and
+sm_90 (all of them would take minutes on CI's two cores; the full list is ms_kldiv._build.NVCC_FLAGS), with
+``ptxas -v`` and ``-keep``: the dynamic symbol table of that library is checked against the ABI, ptxas's report
+against every kernel's register, spill and shared-memory limits, and each kept cubin for holding every kernel
+(readelf on the cubin: cuobjdump/nvdisasm are not part of every toolkit install). Running the kernels is
+tests/gpu/'s job (on the CUDA-on-CPU stand-in without a GPU). Skips only when nvcc is absent.
 """
 import os
 import re
@@ -26,8 +26,8 @@ NVCC = _build._nvcc() if hasattr(_build, "_nvcc") else shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(not NVCC, reason="nvcc not found (set NVCC or CUDA_HOME)")
 # The prefixes of the library's exported names (kldiv_abi.h, distill_abi.h, sparse_abi.h).
 ABI_PREFIXES = ("KLDiv", "Distill", "Sparse")
-# One architecture every nvcc from 11.0 to 13.x accepts.
-TEST_ARCH = "80"
+# Two architectures every nvcc from 11.8 to 13.x accepts (Ampere, Hopper).
+RESOURCE_ARCHS = ("80", "90")
 
 
 def abi_symbols():
@@ -51,24 +51,42 @@ def abi_symbols():
     return names | kernels | {n + "InferShape" for n in kernels}
 
 
-def nvcc_flags_one_arch():
-    """The build's own flags with its -gencode list replaced by one architecture."""
+def nvcc_flags_test_archs():
+    """The build's own flags with its -gencode list replaced by the architectures tested here."""
     flags = [f for f in _build.NVCC_FLAGS if not f.startswith("-gencode")]
-    return flags + [f"-gencode=arch=compute_{TEST_ARCH},code=sm_{TEST_ARCH}"]
+    return flags + [f"-gencode=arch=compute_{a},code=sm_{a}" for a in RESOURCE_ARCHS]
 
 
 @pytest.fixture(scope="module")
-def cuda_lib(tmp_path_factory):
-    out = tmp_path_factory.mktemp("cuda") / "libkldiv_cuda.so"
-    cus = sorted(os.path.join(SRC, "gpu", f) for f in os.listdir(os.path.join(SRC, "gpu")) if f.endswith(".cu"))
+def cuda_build(tmp_path_factory):
+    """One nvcc run for every test here: the library, ptxas's resource report per architecture, and the kept
+    cubins of each source (``-keep`` names them ``<source>.compute_<arch>.cubin``)."""
+    d = tmp_path_factory.mktemp("cuda")
+    out = d / "libkldiv_cuda.so"
+    cus = sorted(f for f in os.listdir(os.path.join(SRC, "gpu")) if f.endswith(".cu"))
     assert cus, "no CUDA sources in custom_ops/gpu"
-    cmd = [NVCC, *nvcc_flags_one_arch(), "-I", os.path.join(SRC, "common"), "-I", os.path.join(SRC, "gpu"),
-           *cus, "-o", str(out)]
-    proc = _procs.run(cmd, 900, cwd=str(out.parent))
+    cmd = [NVCC, *nvcc_flags_test_archs(), "-Xptxas", "-v", "-keep", "-keep-dir", str(d),
+           "-I", os.path.join(SRC, "common"), "-I", os.path.join(SRC, "gpu"),
+           *(os.path.join(SRC, "gpu", cu) for cu in cus), "-o", str(out)]
+    proc = _procs.run(cmd, 900, cwd=str(d))
     assert proc.returncode == 0, f"nvcc failed:\n{' '.join(cmd)}\n{proc.stderr[-4000:]}"
-    # nvcc warnings are errors-in-waiting for other toolkits: keep the build clean.
-    assert "warning" not in proc.stderr.lower(), proc.stderr[-4000:]
-    return str(out)
+    log = proc.stdout + proc.stderr
+    # nvcc warnings are errors-in-waiting for other toolkits: keep the build clean (ptxas -v reports are "info").
+    assert "warning" not in log.lower(), log[-4000:]
+    usage = _parse_ptxas(log)
+    cubins = {a: [str(d / f"{cu[:-3]}.compute_{a}.cubin") for cu in cus] for a in RESOURCE_ARCHS}
+    return str(out), {a: (cubins[a], usage.get(f"sm_{a}", {})) for a in RESOURCE_ARCHS}
+
+
+@pytest.fixture(scope="module")
+def cuda_lib(cuda_build):
+    return cuda_build[0]
+
+
+@pytest.fixture(scope="module")
+def cubins(cuda_build):
+    """{arch: ([cubin paths], {kernel: usage})}."""
+    return cuda_build[1]
 
 
 def dynamic_symbols(lib, defined=True):
@@ -117,7 +135,6 @@ def test_build_arch_list_is_supported_by_this_nvcc():
 
 
 # ------------------------------------------------------------------------------- resources per architecture
-RESOURCE_ARCHS = ("80", "90")
 MAX_REGS = 255
 MAX_STATIC_SMEM = 48 * 1024
 
@@ -133,12 +150,13 @@ def _kernel_families():
 
 
 def _parse_ptxas(log):
-    """{mangled kernel: {regs, spill_stores, spill_loads, stack, smem}} from ``ptxas -v`` output."""
+    """{"sm_XX": {mangled kernel: {regs, spill_stores, spill_loads, stack, smem}}} from ``ptxas -v`` output."""
     out, cur = {}, None
     for line in log.splitlines():
-        m = re.search(r"Compiling entry function '(\w+)'", line)
+        m = re.search(r"Compiling entry function '(\w+)' for '(sm_\d+)'", line)
         if m:
-            cur = out.setdefault(m.group(1), {"regs": 0, "spill_stores": 0, "spill_loads": 0, "stack": 0, "smem": 0})
+            usage = {"regs": 0, "spill_stores": 0, "spill_loads": 0, "stack": 0, "smem": 0}
+            cur = out.setdefault(m.group(2), {}).setdefault(m.group(1), usage)
             continue
         if cur is None:
             continue
@@ -151,28 +169,6 @@ def _parse_ptxas(log):
             s = re.search(r"(\d+) bytes smem", line)
             cur["smem"] = int(s.group(1)) if s else 0
     return out
-
-
-@pytest.fixture(scope="module")
-def cubins(tmp_path_factory):
-    """Per architecture, the cubins of every CUDA source with their merged ptxas resource report:
-    {arch: ([cubin paths], {kernel: usage})}."""
-    d = tmp_path_factory.mktemp("cubin")
-    flags = [f for f in _build.NVCC_FLAGS if not f.startswith("-gencode") and f != "-shared"]
-    cus = sorted(f for f in os.listdir(os.path.join(SRC, "gpu")) if f.endswith(".cu"))
-    res = {}
-    for arch in RESOURCE_ARCHS:
-        paths, usage = [], {}
-        for cu in cus:
-            out = d / f"{cu[:-3]}_sm_{arch}.cubin"
-            cmd = [NVCC, *flags, "-cubin", f"-arch=sm_{arch}", "-Xptxas", "-v", "-I", os.path.join(SRC, "common"),
-                   "-I", os.path.join(SRC, "gpu"), os.path.join(SRC, "gpu", cu), "-o", str(out)]
-            proc = _procs.run(cmd, 900, cwd=str(d))
-            assert proc.returncode == 0, f"nvcc failed:\n{' '.join(cmd)}\n{proc.stderr[-4000:]}"
-            paths.append(str(out))
-            usage.update(_parse_ptxas(proc.stdout + proc.stderr))
-        res[arch] = (paths, usage)
-    return res
 
 
 def test_resource_usage_within_limits(cubins):
