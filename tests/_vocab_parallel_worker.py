@@ -242,7 +242,8 @@ def _sparse_records(suites, group, lo, hi, rank, dp_index, rows=6, vocab=37, k=6
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
-    parser.add_argument("--tp", type=int, required=True)
+    parser.add_argument("--tp", required=True, help="comma-separated tensor-parallel sizes, each run in turn: one "
+                        "launch serves several layouts (a launch's start-up is most of its time)")
     parser.add_argument("--cases", default="full", help="comma-separated: full, short, head")
     parser.add_argument("--vocab", type=int, default=37)
     parser.add_argument("--rows", type=int, default=6)
@@ -250,12 +251,22 @@ def main():
     init()
     ms.set_context(mode=ms.PYNATIVE_MODE)
     rank, world = get_rank(), get_group_size()
-    tp = args.tp
+    records = []
+    for tp in (int(x) for x in args.tp.split(",")):
+        records += [dict(r, tp=tp) for r in _layout_records(args, rank, world, tp)]
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+        json.dump(records, f)
+    print(f"rank {rank}/{world}: {len(records)} records", flush=True)
+
+
+def _layout_records(args, rank, world, tp):
+    """The records of one layout: groups of tp ranks (the data-parallel groups beside them when tp < world)."""
     dp_index, tp_index = rank // tp, rank % tp
     if tp == world:
         group = GlobalComm.WORLD_COMM_GROUP
     else:
-        group = f"vocab_tp{dp_index}"
+        group = f"vocab_tp{tp}_dp{dp_index}"
         create_group(group, list(range(dp_index * tp, (dp_index + 1) * tp)))
     bounds = _slices(args.vocab, tp)
     lo, hi = bounds[tp_index], bounds[tp_index + 1]
@@ -293,10 +304,7 @@ def main():
                                       / scale),
                     "finite": bool(np.isfinite(v) and np.all(np.isfinite(gs)) and np.all(np.isfinite(gt))),
                 })
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
-        json.dump(records, f)
-    print(f"rank {rank}/{world}: {len(records)} records", flush=True)
+    return records
 
 
 if __name__ == "__main__":

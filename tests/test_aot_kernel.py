@@ -378,6 +378,7 @@ print(bad)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.isa_independent
 @pytest.mark.parametrize("threads", ["1", "2", "7"])
 def test_pool_runs_every_chunk_exactly_once(tmp_path, threads):
@@ -421,6 +422,7 @@ print((sorted(allowed), masks))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.isa_independent
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="steering needs two CPUs to choose from")
 @pytest.mark.parametrize("steer", ["1", "0"])

@@ -3,6 +3,8 @@ import json
 import os
 import sys
 
+import pytest
+
 import _procs
 
 
@@ -173,6 +175,7 @@ def _subcommand(tmp_path, *args):
     return proc.stdout, records
 
 
+@pytest.mark.slow
 def test_distill_subcommand_smoke(tmp_path):
     stdout, records = _subcommand(tmp_path, "distill", "--sizes", "8x64", "--dtypes", "float32", "--betas", "0,0.5",
                                   "--modes", "fwd,grad,step", "--rows", "fused,composition,ms_ops,stream",

@@ -23,7 +23,8 @@ import _procs
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(ROOT, "custom_ops")
 NVCC = _build._nvcc() if hasattr(_build, "_nvcc") else shutil.which("nvcc")
-pytestmark = pytest.mark.skipif(not NVCC, reason="nvcc not found (set NVCC or CUDA_HOME)")
+# slow: a whole nvcc build of its own (with -keep and ptxas's report), beside the install's
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not NVCC, reason="nvcc not found (set NVCC or CUDA_HOME)")]
 # The prefixes of the library's exported names (kldiv_abi.h, distill_abi.h, sparse_abi.h).
 ABI_PREFIXES = ("KLDiv", "Distill", "Sparse")
 # Two architectures every nvcc from 11.8 to 13.x accepts (Ampere, Hopper).

@@ -217,6 +217,7 @@ def test_tokenmean_and_batchmean(backend, mode):
 
 
 # ----------------------------------------------------------------------------- 9: float32 accuracy
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", RUN_MODES)
 @pytest.mark.parametrize("backend", [b for b in DISTILL_BACKENDS if b == "composite"])
 def test_composite_float32_accuracy(mode, backend):

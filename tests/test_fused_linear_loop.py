@@ -15,9 +15,12 @@ from _head_checks import H_S, H_T, V, Net, case, reference_grads, reference_loss
 from conftest import graph_mode
 
 
-@pytest.mark.parametrize("mode", ["pynative", "graph"])
-@pytest.mark.parametrize("rows,chunk_size", [(10, 10), (10, 5), (14, 2), (300, 1)],
-                         ids=["1-chunk", "2-chunks", "7-chunks", "300-chunks"])
+# 300 chunks in PyNative is a Python loop repeating the small cases' ops 300 times: the slow tier
+@pytest.mark.parametrize("rows,chunk_size,mode", [
+    pytest.param(rows, chunk, mode, id=f"{name}-{mode}",
+                 marks=[pytest.mark.slow] if (rows, mode) == (300, "pynative") else [])
+    for mode in ("pynative", "graph")
+    for rows, chunk, name in [(10, 10, "1-chunk"), (10, 5, "2-chunks"), (14, 2, "7-chunks"), (300, 1, "300-chunks")]])
 def test_chunk_loop_matches_unchunked_composition(mode, rows, chunk_size):
     c = case(seed=21, rows=rows, labels_ignored=(1, rows - 1))
     args = (1.5, 0.5, 0.3, 0.8)

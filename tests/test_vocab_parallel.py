@@ -159,31 +159,34 @@ def _records(out_dir, ranks):
 
 @pytest.mark.slow
 @pytest.mark.skipif(_procs.msrun_path() is None, reason="msrun (MindSpore's launcher) is not installed")
-@pytest.mark.parametrize("workers,tp,cases", [(2, 2, "full,head"), (4, 4, "short"), (4, 2, "short")],
-                         ids=["tp2_and_fused_head_training", "tp4", "tp2_x_dp2"])
-def test_sharded_equals_one_process(tmp_path, workers, tp, cases):
+@pytest.mark.parametrize("workers,tps,cases", [(2, "2", "full,head"), (4, "4,2", "short")],
+                         ids=["tp2_and_fused_head_training", "tp4_then_tp2_x_dp2"])
+def test_sharded_equals_one_process(tmp_path, workers, tps, cases):
     """Losses: value and both gradients of each rank's slices. The fused head ('head'): a replicated body and the
     head's slices trained 3 SGD steps in a TrainOneStepCell (hard term with label smoothing and z-loss; a frozen
-    teacher): every step's loss and the parameters after the last equal one process's on the whole vocabulary."""
+    teacher): every step's loss and the parameters after the last equal one process's on the whole vocabulary.
+    One launch runs each layout of ``tps`` in turn (tp 2 of 4 workers: two data-parallel groups)."""
     cwd, out_dir, log_dir = tmp_path / "cwd", tmp_path / "out", tmp_path / "logs"
     cwd.mkdir()
-    rc, out, logs = _procs.msrun(workers, WORKER, ["--out", str(out_dir), "--tp", str(tp), "--cases", cases],
+    rc, out, logs = _procs.msrun(workers, WORKER, ["--out", str(out_dir), "--tp", tps, "--cases", cases],
                                  log_dir, cwd, MSRUN_TIMEOUT_S)
     assert rc == 0, f"msrun failed (rc={rc}):\n{out[-3000:]}\n{logs}"
     records = _records(out_dir, workers)
     assert {r["mode"] for r in records} == {"pynative", "jit", "cell"}
     heads = {r["case"] for r in records if r["case"].startswith("head")}
     assert {r["mode"] for r in records if r["case"] in heads} == ({"pynative", "cell"} if heads else set())
-    assert len({r["case"] for r in records}) == sum({"full": 13, "short": 4, "head": 3}[c] for c in cases.split(","))
+    for tp in map(int, tps.split(",")):
+        cases_run = {r["case"] for r in records if r["tp"] == tp}
+        assert len(cases_run) == sum({"full": 13, "short": 4, "head": 3}[c] for c in cases.split(",")), (tp, cases_run)
+        if tp < workers:  # the second data-parallel group's labelled rows are all ignored: loss 0
+            ignored = [r for r in records if r["tp"] == tp and r["rank"] >= tp and r["case"] == "fwd_kl"]
+            assert ignored and all(r["value"] == 0.0 == r["reference"] for r in ignored)
     for r in records:
         half = "BFloat16" in r["dtype"]
-        what = f"{r['case']} {r['mode']} rank {r['rank']} num_items={r['num_items']}"
+        what = f"{r['case']} {r['mode']} tp {r['tp']} rank {r['rank']} num_items={r['num_items']}"
         assert r["finite"], what
         assert r["value_rel"] <= (1e-2 if half else 1e-6), (what, r)
         assert r["grad_rel"] <= (1e-2 if half else 1e-5), (what, r)
-    if tp < workers:  # the second data-parallel group's labelled rows are all ignored: loss 0
-        ignored = [r for r in records if r["rank"] >= tp and r["case"] == "fwd_kl"]
-        assert ignored and all(r["value"] == 0.0 == r["reference"] for r in ignored)
     assert list(cwd.iterdir()) == [], "msrun or the workers wrote into the working directory"
 
 

@@ -187,6 +187,7 @@ MUTATIONS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(MUTATIONS))
 def test_mutated_real_kernel_is_caught(name, tmp_path):
     old, new, message = MUTATIONS[name]
