@@ -20,6 +20,8 @@ import _procs
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STUDY = os.path.join(ROOT, "benchmarks", "kldiv_roofline.py")
 DIAGNOSTICS = {"KLDivTakeLastSpan", "KLDivStreamRead", "KLDivPoolCheck"}
+# the slow tier: every test here needs the diagnostics library, a whole build of its own
+pytestmark = pytest.mark.slow
 
 
 def _python(code, tmp_path, timeout=600):
