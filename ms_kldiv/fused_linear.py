@@ -8,16 +8,16 @@ registry give the chunk's loss and d(logits), and the chunk's contributions to d
 accumulated during the forward. Only one chunk of logits exists at a time; the backward scales the stored
 gradients.
 
-The chunks are the iterations of one loop: a Python loop in PyNative, ``ops.ForiLoop(unroll=False)`` in compiled
-code, so that the graph holds one chunk's body whatever the number of chunks (an unrolled loop reaches
+The chunks are the iterations of one compiled loop, ``ops.ForiLoop(unroll=False)`` (PyNative calls it compiled as
+well), so that the graph holds one chunk's body whatever the number of chunks (an unrolled loop reaches
 MindSpore's call-depth limit near a hundred chunks and compiles in time proportional to their number), and a
 dynamic row count is chunked like a static one. Inside the loop a chunk's rows are gathered by index (a slice
 with a loop-dependent start returns wrong rows in MindSpore's non-unrolled loops); the last chunk's indices past
 the end repeat the last row and are masked out.
 
-The teacher's gradients (mutual learning, trainable teachers) come from a second loop in compiled code, which the
-graph compiler drops when nothing consumes them (a frozen teacher); PyNative computes them in the same pass
-unless ``teacher_grad=False``.
+The teacher's gradients (mutual learning, trainable teachers) come from a second loop in a bprop that runs only
+when they are used: the graph compiler drops it when nothing consumes them, PyNative does not call it for a teacher
+cut from autodiff (a frozen teacher).
 """
 import numpy as np
 
@@ -34,14 +34,20 @@ from .backends.vocab_parallel import (SliceInfo, SlicedSparseKernels, VocabParal
                                       vocab_group)
 
 _NAME = "FusedLinearDistillationLoss"
-#: Default bound on one chunk's logits (student and teacher together), in bytes of float32.
-CHUNK_BYTES = 64 * 2**20
+#: Default rows per chunk. Each chunk's matmuls re-read both [V, H] weights, so a chunk of few rows is bound by that
+#: read rather than by arithmetic, whatever V is; 256 rows is where more rows stop paying (docs/distillation.md).
+CHUNK_ROWS = 256
+#: Default bound on one chunk's logits (student and teacher together), in bytes of float32: fewer rows than
+#: CHUNK_ROWS where the vocabulary is large.
+CHUNK_BYTES = 256 * 2**20
 
 
-def default_chunk_size(rows, vocab, chunk_bytes=CHUNK_BYTES):
-    """Rows per chunk so that a chunk's student and teacher logits take at most ``chunk_bytes`` in float32
-    (``rows`` < 0: unknown until run time)."""
-    size = max(1, chunk_bytes // max(1, 2 * 4 * vocab))
+def default_chunk_size(rows, vocab, chunk_bytes=None):
+    """Rows per chunk (``rows`` < 0: unknown until run time). ``chunk_bytes`` given: as many rows as keep a chunk's
+    student and teacher logits within it in float32; by default ``CHUNK_ROWS``, fewer where their logits would
+    exceed ``CHUNK_BYTES``."""
+    by_bytes = max(1, (CHUNK_BYTES if chunk_bytes is None else chunk_bytes) // max(1, 2 * 4 * vocab))
+    size = by_bytes if chunk_bytes is not None else min(CHUNK_ROWS, by_bytes)
     return size if rows < 0 else max(1, min(rows, size))
 
 
@@ -54,8 +60,8 @@ _t_matmul = ops.MatMul(transpose_a=True)   # a^T @ b
 class _ChunkStep(nn.Cell):
     """One chunk of rows, the body of the chunk loop: ``(i, carry) -> carry``.
 
-    The carry is (inputs..., accumulators...): hidden states [N, H], weights [V, H], biases [V] of both models (the
-    teacher's hidden states are its logits [N, V] when ``teacher_logits``), labels [N] int32, the 0-d scale
+    The carry is (inputs..., accumulators...): hidden states [N, H], weights [V, H], biases [V] (0-d: none) of both
+    models (the teacher's hidden states are its logits [N, V] when ``teacher_logits``), labels [N] int32, the 0-d scale
     1 / counted rows, ``0..C-1`` (int32 [C]: C, the rows per chunk, is its static length); then the loss and the
     gradients of the six tensors (a 0-d zero for those not computed).
     ``student`` / ``teacher``: which gradients this pass computes (the loss comes with the student's)."""
@@ -101,13 +107,13 @@ class _ChunkStep(nn.Cell):
         rows_kept = ops.expand_dims(keep, 1)
         # Rows not counted are zeroed before the matmuls: their NaN or inf must not reach any gradient (0 * NaN).
         hs_c = ops.where(rows_kept, ops.gather(hs, idx, 0), 0.0)
-        s_c = _matmul_t(hs_c, ws) + bs
+        s_c = _plus_bias(_matmul_t(hs_c, ws), bs)
         if self.stored:  # the teacher: ids [N, K] (padding for rows not counted) and values [N, K]
             ht_c = ops.where(rows_kept, ops.gather(ht, idx, 0), -1)
             teacher_c = (ht_c, ops.gather(wt, idx, 0))
         else:
             ht_c = ops.where(rows_kept, ops.gather(ht, idx, 0), 0.0)
-            teacher_c = (ht_c if self.teacher_logits else _matmul_t(ht_c, wt) + bt,)
+            teacher_c = (ht_c if self.teacher_logits else _plus_bias(_matmul_t(ht_c, wt), bt),)
         # the kernels' incoming row gradient is the row's weight (0 for rows not counted: exact zeros, unread)
         g = ops.where(keep, ops.gather(weights, idx, 0), 0.0)
         stats = self.kernel_rows(s_c, *teacher_c)
@@ -130,13 +136,23 @@ class _ChunkStep(nn.Cell):
                 ds = ds + dce * (self.hard_weight * scale)
             dhs = ops.tensor_scatter_add(dhs, at, ops.matmul(ds, ws))
             dws = dws + _t_matmul(ds, hs_c)
-            dbs = dbs + ops.sum(ds, 0)
+            dbs = _bias_grad(dbs, ds)
         if self.teacher:
             dt = self.kernel_teacher(s_c, *teacher_c, stats, g) * (self.soft_weight * scale)
             dht = ops.tensor_scatter_add(dht, at, ops.matmul(dt, wt))
             dwt = dwt + _t_matmul(dt, ht_c)
-            dbt = dbt + ops.sum(dt, 0)
+            dbt = _bias_grad(dbt, dt)
         return hs, ws, bs, ht, wt, bt, labels, weights, scale, offsets, vocab, loss, dhs, dws, dbs, dht, dwt, dbt
+
+
+def _plus_bias(logits, bias):
+    """A head's logits plus its bias; a 0-d bias stands for none (no pass over the chunk's logits)."""
+    return logits if bias.ndim == 0 else logits + bias
+
+
+def _bias_grad(acc, d_logits):
+    """The bias gradient accumulated over the chunks; nothing for an absent (0-d) bias."""
+    return acc if acc.ndim == 0 else acc + ops.sum(d_logits, 0)
 
 
 class _StudentOnly(nn.Cell):
@@ -171,14 +187,6 @@ def _chunk_plan(shape, vocab, chunk_size, chunk_bytes):
     return Tensor(np.arange(chunk, dtype=np.int32)), (-1 if rows < 0 else (rows + chunk - 1) // chunk)
 
 
-def _loop(step, count, carry, graph):
-    if graph:
-        return ops.ForiLoop()(0, count, step, carry, unroll=False)
-    for i in range(count):
-        carry = step(i, carry)
-    return carry
-
-
 class _ChunkLoop(nn.Cell):
     """One pass of the chunk loop (``_ChunkStep`` as its body) over the inputs of ``_FusedCore``: (loss, d hs, d ws,
     d bs, d ht, d wt, d bt), a 0-d zero for what this pass does not compute (no [V, H] buffer is held for it)."""
@@ -196,7 +204,7 @@ class _ChunkLoop(nn.Cell):
         f32 = ms.float32
         # A Parameter (a model's head weight) in a loop's carry fails to compile under TrainOneStepCell; a reshape
         # to its own shape makes it a plain value without a copy.
-        hs, ws, bs, ht, wt, bt = (ops.reshape(v, (-1,) + v.shape[1:]) if v.dtype in (f32, ms.int32)
+        hs, ws, bs, ht, wt, bt = (ops.reshape(v, (-1,) + v.shape[1:]) if v.dtype in (f32, ms.int32) and v.ndim
                                   else ops.cast(v, f32) for v in (hs, ws, bs, ht, wt, bt))
         offsets, chunks = _chunk_plan(ops.shape(hs), ws.shape[0], self.chunk_size, self.chunk_bytes)
         if chunks < 0:  # rows known at run time only
@@ -209,7 +217,7 @@ class _ChunkLoop(nn.Cell):
         scale = ops.where(count > 0, 1.0 / ops.where(count > 0, count, 1.0), 0.0)
         vocab = self._vocab(ws)
         carry = (hs, ws, bs, ht, wt, bt, labels, weights, scale, offsets, vocab, zero) + student + teacher
-        out = _loop(self.step, chunks, carry, compiled(hs))[11:]
+        out = ops.ForiLoop()(0, chunks, self.step, carry, unroll=False)[11:]
         if not self.sliced:
             return out
         loss, dhs, dws, dbs, dht, dwt, dbt = out
@@ -224,21 +232,53 @@ class _ChunkLoop(nn.Cell):
         return ops.cast(ops.concat((size * 0.0, size)), ms.int32)
 
 
+class _CompiledLoop(nn.Cell):
+    """A chunk loop compiled for PyNative callers: one graph (the same ``ops.ForiLoop`` as in graph mode) instead of
+    a Python loop dispatching each chunk's ops one by one, which cost more than the matmuls themselves. The first
+    call compiles for its shapes; once the row count changes, the graph is compiled once more with the rows dynamic
+    (``set_inputs``), so that a variable-length training loop does not compile per length."""
+
+    def __init__(self, loop):
+        super().__init__()
+        self.loop = loop
+        self.rows = None  # the row count of the static graph; -1 once the rows are dynamic
+
+    def __call__(self, *args):
+        rows = args[0].shape[0]
+        if self.rows is None:
+            self.rows = rows
+        elif self.rows not in (rows, -1):
+            self.rows = -1
+            self.set_inputs(*(Tensor(shape=[None] + list(v.shape[1:]) if k in _ROW_INPUTS else v.shape,
+                                     dtype=v.dtype) for k, v in enumerate(args)))
+        return super().__call__(*args)
+
+    @ms.jit
+    def construct(self, hs, ws, bs, ht, wt, bt, labels, weights, count):
+        return self.loop(hs, ws, bs, ht, wt, bt, labels, weights, count)
+
+
+#: The positions of the chunk loop's inputs whose first dimension is the rows: hidden states, teacher rows, labels,
+#: weights.
+_ROW_INPUTS = (0, 3, 6, 7)
+
+
 def _cut(*tensors):
     return tuple(ops.stop_gradient(v) for v in tensors)
 
 
 class _Unrecorded(nn.Cell):
-    """A chunk loop for PyNative: MindSpore's PyNative autograd records every op of a plain Cell (and so holds each
-    chunk's tensors) even on inputs cut from autodiff, but runs the forward of a Cell with a bprop without recording
-    it. (Compiled code calls the loop directly: there a loop inside a Cell with a bprop fails to compile.)"""
+    """The compiled chunk loop called from PyNative: MindSpore's PyNative autograd records a plain Cell's ops (and
+    would differentiate the compiled loop) even on inputs cut from autodiff, but runs the forward of a Cell with a
+    bprop without recording it. (Compiled code calls the loop directly: there a loop inside a Cell with a bprop
+    fails to compile.)"""
 
     def __init__(self, loop):
         super().__init__()
-        self.loop = loop
+        self.compiled_loop = _CompiledLoop(loop)
 
     def construct(self, hs, ws, bs, ht, wt, bt, labels, weights, count):
-        return self.loop(hs, ws, bs, ht, wt, bt, labels, weights, count)
+        return self.compiled_loop(hs, ws, bs, ht, wt, bt, labels, weights, count)
 
     def bprop(self, hs, ws, bs, ht, wt, bt, labels, weights, count, out, dout):
         return tuple(ops.zeros_like(v) for v in (hs, ws, bs, ht, wt, bt, labels, weights, count))
@@ -252,8 +292,9 @@ class _FusedCore(nn.Cell):
     number of counted rows. The chunk loop runs on inputs cut from autodiff (it computes the gradients itself:
     MindSpore then neither records the chunks' tensors in PyNative nor differentiates the loop in graph mode, which
     it cannot do for a loop inside a Cell with a bprop) and a Cell with a bprop hands its gradients to autodiff. The
-    teacher's gradients: in PyNative from the same pass; in compiled code from a second loop inside that bprop,
-    which the graph compiler drops when nothing uses them (a frozen teacher).
+    teacher's gradients come from a second loop inside another bprop, which runs only when they are used: graph
+    mode drops it when nothing consumes them, PyNative does not call it for a teacher cut from autodiff (a frozen
+    teacher). PyNative runs the same compiled loops as graph mode (``_CompiledLoop``).
     """
 
     def __init__(self, kernels, temperature, beta, ignore_index, hard_weight, soft_weight, chunk_size, chunk_bytes,
@@ -268,23 +309,17 @@ class _FusedCore(nn.Cell):
 
         self.student_loop = chunk_loop(True, False)
         self.student_loop_pynative = _Unrecorded(self.student_loop)
-        self.with_gradients = _WithGradients(self.teacher_grad)
+        self.with_gradients = _WithGradients(False)
         if self.teacher_grad:
-            self.both_loop_pynative = _Unrecorded(chunk_loop(True, True))
-            self.with_student_gradients = _WithGradients(False)
             self.teacher_gradients = _TeacherGradients(chunk_loop(False, True))
 
     def construct(self, hs, ws, bs, ht, wt, bt, labels, weights, count):
         inputs = _cut(hs, ws, bs, ht, wt, bt) + (labels, ops.stop_gradient(weights), ops.stop_gradient(count))
-        graph = compiled(hs)
-        if not self.teacher_grad:
-            if graph:
-                return self.with_gradients(hs, ws, bs, ht, wt, bt, *_cut(*self.student_loop(*inputs)))
-            return self.with_gradients(hs, ws, bs, ht, wt, bt, *_cut(*self.student_loop_pynative(*inputs)))
-        if not graph:
-            return self.with_gradients(hs, ws, bs, ht, wt, bt, *_cut(*self.both_loop_pynative(*inputs)))
+        loop = self.student_loop if compiled(hs) else self.student_loop_pynative
         hs_, ws_, bs_, ht_, wt_, bt_, labels, weights, count = inputs
-        loss = self.with_student_gradients(hs, ws, bs, ht_, wt_, bt_, *_cut(*self.student_loop(*inputs)))
+        loss = self.with_gradients(hs, ws, bs, ht_, wt_, bt_, *_cut(*loop(*inputs)))
+        if not self.teacher_grad:
+            return loss
         return loss + self.teacher_gradients(hs_, ws_, bs_, ht, wt, bt, labels, weights, count)
 
 
@@ -297,13 +332,15 @@ class _TeacherGradients(nn.Cell):
     def __init__(self, teacher_loop):
         super().__init__()
         self.teacher_loop = teacher_loop
+        self.teacher_loop_pynative = _CompiledLoop(teacher_loop)
 
     def construct(self, hs, ws, bs, ht, wt, bt, labels, weights, count):
         # depends on the teacher's tensors: a constant output would be folded away with its bprop
         return ops.depend(ops.depend(ops.depend(ops.zeros((), ms.float32), ht), wt), bt)
 
     def bprop(self, hs, ws, bs, ht, wt, bt, labels, weights, count, out, dout):
-        _, _, _, _, dh_t, dw_t, db_t = self.teacher_loop(hs, ws, bs, *_cut(ht, wt, bt), labels, weights, count)
+        loop = self.teacher_loop if compiled(hs) else self.teacher_loop_pynative
+        _, _, _, _, dh_t, dw_t, db_t = loop(hs, ws, bs, *_cut(ht, wt, bt), labels, weights, count)
         return (ops.zeros_like(hs), ops.zeros_like(ws), ops.zeros_like(bs), ops.cast(dh_t * dout, ht.dtype),
                 ops.cast(dw_t * dout, wt.dtype), ops.cast(db_t * dout, bt.dtype), ops.zeros_like(labels),
                 ops.zeros_like(weights), ops.zeros_like(count))
@@ -326,8 +363,13 @@ class _WithGradients(nn.Cell):
         if self.teacher_grad:
             grads += (ops.cast(dh_t * g, ht.dtype), ops.cast(dw_t * g, wt.dtype), ops.cast(db_t * g, bt.dtype))
         else:
-            grads += (ops.zeros_like(ht), ops.zeros_like(wt), ops.zeros_like(bt))
+            grads += (_zeros_like(ht), _zeros_like(wt), _zeros_like(bt))
         return grads + tuple(ops.zeros_like(v) for v in (loss, dh_s, dw_s, db_s, dh_t, dw_t, db_t))
+
+
+def _zeros_like(v):
+    """Zeros of ``v``'s shape and dtype (MindSpore 2.7's PyNative CPU ``ZerosLike`` has no bfloat16 kernel)."""
+    return ops.zeros_like(v) if compiled(v) else ops.cast(ops.zeros(v.shape, ms.float32), v.dtype)
 
 
 class FusedLinearDistillationLoss(nn.Cell):
@@ -355,11 +397,12 @@ class FusedLinearDistillationLoss(nn.Cell):
         soft_weight (float, optional): Weight (>= 0) of the distillation term. Default: ``1.0``.
         chunk_size (int, optional): Rows per chunk. Default: ``None``: from ``chunk_bytes``.
         chunk_bytes (int, optional): Memory budget, in bytes, for one chunk's logits of both models in float32 (the
-            chunk's own temporaries are a small multiple of it; the gradient buffers of the weights come on top).
-            Default: ``None``, 64 MB. Give ``chunk_size`` or ``chunk_bytes``, not both.
+            chunk's own temporaries are a small multiple of it; the gradient buffers of the weights come on top):
+            the rows per chunk are as many as fit. Default: ``None``: 256 rows, fewer where their logits would
+            exceed 256 MB (V > 131,072). Give ``chunk_size`` or ``chunk_bytes``, not both.
         teacher_grad (bool, optional): ``None`` (default) gives the teacher's hidden states, weight and bias
-            their gradients, computed only when used (graph mode drops the work for a frozen teacher; PyNative
-            always does it); ``False`` declares the teacher frozen (its gradients are zeros, no work).
+            their gradients, computed only when used (a second pass over the chunks; no work for a frozen teacher);
+            ``False`` declares the teacher frozen (its gradients are zeros, no work).
         backend (str, optional): Which distillation kernels compute a chunk's loss and d(logits), chosen as for
             every op (``ms_kldiv.backend_info(op='distillation')``): ``'aot'`` (the fused kernels: C++ on CPU, CUDA
             on GPU, AscendC on Ascend; no chunk x V temporaries besides the logits and their gradient),
@@ -420,7 +463,7 @@ class FusedLinearDistillationLoss(nn.Cell):
         self.hard_weight = float(hard_weight)
         self.soft_weight = float(soft_weight)
         self.chunk_size = chunk_size
-        self.chunk_bytes = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+        self.chunk_bytes = chunk_bytes
         self.teacher_grad = teacher_grad is not False
         self.variant = _validation.check_variant(divergence, alpha, softcap, logit_scale, self.beta, _NAME)
         _validation.check_number(z_loss, "z_loss", _NAME, 0.0)
@@ -468,7 +511,7 @@ class FusedLinearDistillationLoss(nn.Cell):
         logits = ops.stop_gradient(_rows(teacher_logits))
         unused = ops.zeros((1, 1), ms.float32)
         return self._run(self.core_from_logits, student_hidden, student_weight, student_bias, logits, unused,
-                         ops.zeros((1,), ms.float32), labels, weights, num_items_in_batch)
+                         ops.zeros((), ms.float32), labels, weights, num_items_in_batch)
 
     def from_teacher_topk(self, student_hidden, student_weight, teacher_ids, teacher_values, labels=None,
                           student_bias=None, weights=None, num_items_in_batch=None):
@@ -494,7 +537,7 @@ class FusedLinearDistillationLoss(nn.Cell):
         if self.stored_mode == "sampled":
             values = ops.log(values)
         return self._run(self.core_from_stored, student_hidden, student_weight, student_bias, ops.stop_gradient(ids),
-                         ops.stop_gradient(values), ops.zeros((1,), ms.float32), labels, weights, num_items_in_batch)
+                         ops.stop_gradient(values), ops.zeros((), ms.float32), labels, weights, num_items_in_batch)
 
     def _run(self, core, student_hidden, student_weight, student_bias, teacher_rows, teacher_weight, teacher_bias,
              labels, weights=None, num_items=None):
@@ -506,8 +549,9 @@ class FusedLinearDistillationLoss(nn.Cell):
             if not compiled(weights):
                 _validation.check_weights_data(weights, _NAME)
         if labels is None:
-            # from a slice that autodiff does not enter: its gradient (StridedSliceGrad) has no bfloat16 CPU kernel
-            labels = ops.cast(ops.zeros_like(ops.stop_gradient(hs)[:, 0]), ms.int32)
+            # from a float32 slice that autodiff does not enter: MindSpore's CPU slice (2.7) and its gradient have no
+            # bfloat16 kernels
+            labels = ops.cast(ops.zeros_like(ops.cast(ops.stop_gradient(hs), ms.float32)[:, 0]), ms.int32)
             count = ops.cast(ops.reshape(ops.dyn_shape(hs)[:1], ()), ms.float32)
         else:
             labels = ops.cast(ops.reshape(labels, (-1,)), ms.int32)
@@ -523,8 +567,9 @@ class FusedLinearDistillationLoss(nn.Cell):
             count = ops.sum(ops.where(labels != self.ignore_index, weights, 0.0))
         if num_items is not None:  # the caller's count: the whole global batch's tokens (docs/vocab_parallel.md)
             count = ops.cast(num_items, ms.float32)
-        bs = ops.zeros((vocab,), student_weight.dtype) if student_bias is None else student_bias
-        bt = ops.zeros((vocab,), teacher_weight.dtype) if teacher_bias is None else teacher_bias
+        # an absent bias is a 0-d zero: the chunk loop then neither adds it nor accumulates its gradient
+        bs = ops.zeros((), ms.float32) if student_bias is None else student_bias
+        bt = ops.zeros((), ms.float32) if teacher_bias is None else teacher_bias
         return core(hs, student_weight, bs, teacher_rows, teacher_weight, bt, labels, weights, count)
 
     def extend_repr(self):

@@ -143,7 +143,11 @@ def test_bad_inputs_raise_before_running():
 
 
 def test_default_chunk_bounds_the_logits():
-    assert default_chunk_size(4096, 32000) * 32000 * 2 * 4 <= 64 * 2**20
+    """256 rows, fewer where both models' float32 logits would pass 256 MB; never more than the rows."""
+    assert default_chunk_size(4096, 32000) == 256
+    assert default_chunk_size(8192, 131072) == 256
+    assert default_chunk_size(8192, 262144) == 128
+    assert default_chunk_size(-1, 151936) * 151936 * 2 * 4 <= 256 * 2**20
     assert default_chunk_size(3, 10) == 3
     assert default_chunk_size(10, 10**9) == 1
 

@@ -75,10 +75,10 @@ def _floor_step(row, tensors, temperature, chunk_size):
     import mindspore as ms
     from mindspore import nn, ops
     from ms_kldiv.backends import get_distill_kernels
-    from ms_kldiv.fused_linear import CHUNK_BYTES, _matmul_t, _t_matmul, default_chunk_size
+    from ms_kldiv.fused_linear import _matmul_t, _t_matmul, default_chunk_size
     hs, ws, ht, wt = (ops.cast(t, ms.float32) for t in tensors)
     n, v = hs.shape[0], ws.shape[0]
-    chunk = chunk_size or default_chunk_size(n, v, CHUNK_BYTES)
+    chunk = chunk_size or default_chunk_size(n, v)
     chunks = (n + chunk - 1) // chunk
     offsets = ms.Tensor(np.arange(chunk, dtype=np.int32))
     kernels = get_distill_kernels("auto")[1]
