@@ -281,7 +281,7 @@ class _Unrecorded(nn.Cell):
         return self.compiled_loop(hs, ws, bs, ht, wt, bt, labels, weights, count)
 
     def bprop(self, hs, ws, bs, ht, wt, bt, labels, weights, count, out, dout):
-        return tuple(ops.zeros_like(v) for v in (hs, ws, bs, ht, wt, bt, labels, weights, count))
+        return tuple(_zeros_like(v) for v in (hs, ws, bs, ht, wt, bt, labels, weights, count))
 
 
 class _FusedCore(nn.Cell):
@@ -309,7 +309,7 @@ class _FusedCore(nn.Cell):
 
         self.student_loop = chunk_loop(True, False)
         self.student_loop_pynative = _Unrecorded(self.student_loop)
-        self.with_gradients = _WithGradients(False)
+        self.with_gradients = _WithGradients()
         if self.teacher_grad:
             self.teacher_gradients = _TeacherGradients(chunk_loop(False, True))
 
@@ -317,7 +317,7 @@ class _FusedCore(nn.Cell):
         inputs = _cut(hs, ws, bs, ht, wt, bt) + (labels, ops.stop_gradient(weights), ops.stop_gradient(count))
         loop = self.student_loop if compiled(hs) else self.student_loop_pynative
         hs_, ws_, bs_, ht_, wt_, bt_, labels, weights, count = inputs
-        loss = self.with_gradients(hs, ws, bs, ht_, wt_, bt_, *_cut(*loop(*inputs)))
+        loss = self.with_gradients(hs, ws, bs, ht_, wt_, bt_, *_cut(*loop(*inputs)[:4]))
         if not self.teacher_grad:
             return loss
         return loss + self.teacher_gradients(hs_, ws_, bs_, ht, wt, bt, labels, weights, count)
@@ -341,35 +341,30 @@ class _TeacherGradients(nn.Cell):
     def bprop(self, hs, ws, bs, ht, wt, bt, labels, weights, count, out, dout):
         loop = self.teacher_loop if compiled(hs) else self.teacher_loop_pynative
         _, _, _, _, dh_t, dw_t, db_t = loop(hs, ws, bs, *_cut(ht, wt, bt), labels, weights, count)
-        return (ops.zeros_like(hs), ops.zeros_like(ws), ops.zeros_like(bs), ops.cast(dh_t * dout, ht.dtype),
-                ops.cast(dw_t * dout, wt.dtype), ops.cast(db_t * dout, bt.dtype), ops.zeros_like(labels),
-                ops.zeros_like(weights), ops.zeros_like(count))
+        return (_zeros_like(hs), _zeros_like(ws), _zeros_like(bs), ops.cast(dh_t * dout, ht.dtype),
+                ops.cast(dw_t * dout, wt.dtype), ops.cast(db_t * dout, bt.dtype), _zeros_like(labels),
+                _zeros_like(weights), _zeros_like(count))
 
 
 class _WithGradients(nn.Cell):
-    """(the six tensors, the loss and its gradients computed by the chunk loop) -> the loss, whose bprop is the
-    given gradients times the incoming gradient (zeros for the teacher's when ``teacher_grad`` is False)."""
+    """(the six tensors, the loss and the student's gradients computed by the chunk loop) -> the loss, whose bprop is
+    the given gradients times the incoming gradient, and zeros for the teacher's (``_TeacherGradients`` gives
+    theirs)."""
 
-    def __init__(self, teacher_grad):
-        super().__init__()
-        self.teacher_grad = teacher_grad
-
-    def construct(self, hs, ws, bs, ht, wt, bt, loss, dh_s, dw_s, db_s, dh_t, dw_t, db_t):
+    def construct(self, hs, ws, bs, ht, wt, bt, loss, dh_s, dw_s, db_s):
         return loss
 
-    def bprop(self, hs, ws, bs, ht, wt, bt, loss, dh_s, dw_s, db_s, dh_t, dw_t, db_t, out, dout):
-        g = dout
-        grads = (ops.cast(dh_s * g, hs.dtype), ops.cast(dw_s * g, ws.dtype), ops.cast(db_s * g, bs.dtype))
-        if self.teacher_grad:
-            grads += (ops.cast(dh_t * g, ht.dtype), ops.cast(dw_t * g, wt.dtype), ops.cast(db_t * g, bt.dtype))
-        else:
-            grads += (_zeros_like(ht), _zeros_like(wt), _zeros_like(bt))
-        return grads + tuple(ops.zeros_like(v) for v in (loss, dh_s, dw_s, db_s, dh_t, dw_t, db_t))
+    def bprop(self, hs, ws, bs, ht, wt, bt, loss, dh_s, dw_s, db_s, out, dout):
+        grads = (ops.cast(dh_s * dout, hs.dtype), ops.cast(dw_s * dout, ws.dtype), ops.cast(db_s * dout, bs.dtype))
+        return grads + tuple(_zeros_like(v) for v in (ht, wt, bt, loss, dh_s, dw_s, db_s))
 
 
 def _zeros_like(v):
-    """Zeros of ``v``'s shape and dtype (MindSpore 2.7's PyNative CPU ``ZerosLike`` has no bfloat16 kernel)."""
-    return ops.zeros_like(v) if compiled(v) else ops.cast(ops.zeros(v.shape, ms.float32), v.dtype)
+    """Zeros of ``v``'s shape and dtype: the bprops' gradients of inputs that get none (MindSpore 2.7's PyNative CPU
+    ``ZerosLike`` has no bfloat16 kernel: those are made in float32 and cast)."""
+    if compiled(v) or v.dtype != ms.bfloat16:
+        return ops.zeros_like(v)
+    return ops.cast(ops.zeros(v.shape, ms.float32), v.dtype)
 
 
 class FusedLinearDistillationLoss(nn.Cell):
