@@ -114,7 +114,9 @@ def test_ignored_rows_and_reductions(mode, beta, temperature, trl_index):
         value, ds, dt = _run(mode, LossWithLabels(temperature, reduction, beta), ms.Tensor(s), ms.Tensor(t),
                              ms.Tensor(1.0, ms.float32), ms.Tensor(labels))
         exact = reference.distillation_loss(s, t, temperature, reduction, beta, labels=labels)
-        np.testing.assert_allclose(value, exact, rtol=1e-6)
+        # float32 per-class terms: at T = 4 the JSD's log-probabilities and the mixture's nearly cancel, and without
+        # FMA (the SSE baseline unit, tests/test_isa.py) the loss is 2.7e-6 off
+        np.testing.assert_allclose(value, exact, rtol=1e-6 if beta != 0.5 else 4e-6)
         es, et = _ref_grads(s, t, temperature, reduction, beta, labels=labels)
         np.testing.assert_allclose(ds, es, rtol=1e-4, atol=1e-6)
         np.testing.assert_allclose(dt, et, rtol=1e-4, atol=1e-6)

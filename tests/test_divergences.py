@@ -172,6 +172,53 @@ def test_skew_with_alpha_zero(backend, exec_mode, divergence):
     np.testing.assert_allclose(to_numpy(dt), central_differences(lambda y: f(s, y), t), atol=3e-6)
 
 
+MIXTURE_KINDS = (dict(divergence="kl", beta=0.5), dict(divergence="skew_kl", alpha=0.1),
+                 dict(divergence="skew_rkl", alpha=0.3))
+
+
+@pytest.mark.parametrize("dtype", ("float32", "float16", "bfloat16"))
+@pytest.mark.parametrize("variant", MIXTURE_KINDS, ids=("jsd", "skew_kl", "skew_rkl"))
+@pytest.mark.parametrize("exec_mode", ("pynative", "graph"))
+@pytest.mark.parametrize("backend", DISTILL_BACKENDS)
+def test_mixture_kinds_at_vector_widths(backend, exec_mode, variant, dtype):
+    """V = 203 (twelve 16-lane vectors and a tail of 11: the CPU kernels' vector loops and their scalar rest) in
+    each input dtype, with -inf padding inside a vector and a peaked row whose mixture falls below float32's normal
+    range: the value and both gradients within one rounding of their dtype of the float64 reference on the rounded
+    inputs."""
+    rng = np.random.default_rng(203)
+    s = rng.normal(size=(3, 203)) * 2
+    t = rng.normal(size=(3, 203)) * 2
+    s[2] *= 40  # probabilities far below 2^-126 (the mixture's log-space branch), the peaks shared
+    t[2] = s[2] + t[2]
+    s[:, 40:43] = t[:, 40:43] = -np.inf
+    mstype = getattr(ms, dtype)
+    s_in, t_in = Tensor(s.astype(np.float32), mstype), Tensor(t.astype(np.float32), mstype)
+    sr, tr = to_numpy(s_in), to_numpy(t_in)  # the inputs as rounded
+    beta, kw = _ref_kwargs(variant)
+    grad_fn = ms.value_and_grad(MeanLoss(variant, backend), grad_position=(0, 1))
+    with graph_mode() if exec_mode == "graph" else contextlib.nullcontext():
+        value, (ds, dt) = grad_fn(s_in, t_in)
+    f = lambda x, y: ref.distillation_loss(x, y, 2.0, "batchmean", beta, **kw)  # noqa: E731
+    # the loss and gradients come back in the inputs' dtype: one rounding of it (float32: of its arithmetic)
+    ulp = {"float32": 2.0 ** -20, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}[dtype]
+    np.testing.assert_allclose(float(value), f(sr, tr), rtol=max(ulp, 1e-5))
+    for got, want in ((ds, central_differences(lambda x: f(x, tr), sr)),
+                      (dt, central_differences(lambda y: f(sr, y), tr))):
+        got = to_numpy(got)
+        assert np.all(got[:, 40:43] == 0)
+        if dtype == "float32":
+            np.testing.assert_allclose(got, want, rtol=ulp, atol=2e-6)
+            continue
+        # a half-precision gradient is the float32 one rounded once: within one ulp everywhere, within half an ulp
+        # (correct rounding) wherever float32's own error does not straddle a rounding boundary
+        # (the floor: float32's error on the per-class terms, O(T / rows), which cancel where a gradient is small,
+        # and float16's subnormal spacing 2^-24)
+        floor = 1e-7 + (2.0 ** -24 if dtype == "float16" else 0.0)
+        err = np.abs(got - want)
+        assert np.all(err <= ulp * np.abs(want) + floor), np.max(err - ulp * np.abs(want))
+        assert np.mean(err <= ulp / 2 * np.abs(want) + floor / 2) >= 0.98
+
+
 def test_anchor_definitions():
     """The reference equals the anchors' definitions, written out: Liger's TVD (1/2 sum |p - q| per token),
     torchtune's SymmetricKLLoss (sym_kd_ratio * forward KL + (1 - ratio) * reverse KL), DistiLLM's skew KL

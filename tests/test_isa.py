@@ -5,7 +5,8 @@ picks the widest the CPU and OS support, once per process; the rest of the suite
 the choice, so here each narrower unit runs tests/test_aot_kernel.py and tests/test_host_call.py in PyNative (values
 and both gradients against the float64 reference, every dtype, broadcast patterns, sizes around the vector/block/
 thread boundaries, special values in lean and exact blocks, the log's accuracy sweep, the host call against the
-primitive) in a subprocess of its own; the main run covers the compiled modes, which launch the same unit. A unit
+primitive), and the distillation kernels' tests/test_distill_kernel.py and tests/test_divergences.py (every
+divergence, the mixture kinds' vector loops in each dtype), in a subprocess of its own; the main run covers the compiled modes, which launch the same unit. A unit
 this CPU cannot run is reported as skipped, with the reason.
 Tests marked ``isa_independent`` (no library, Python only, the pool's diagnostics) are not rerun: the main run has
 checked them, and no unit takes part in them.
@@ -21,6 +22,8 @@ import _procs
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ISAS = ("avx512", "avx2", "baseline")  # widest first
+# the KL kernels, and the distillation kernels with every divergence (their vector loops are per unit)
+UNIT_TESTS = ("test_aot_kernel.py", "test_host_call.py", "test_distill_kernel.py", "test_divergences.py")
 
 HAVE_CXX = _build._cxx() is not None
 
@@ -50,8 +53,8 @@ def test_kernel_suite_on_each_isa(isa, tmp_path):
     # PyNative only: a unit runs the same code whichever mode launches it (the main run covers the modes), and
     # the compiled modes' graph builds are most of a rerun's time
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-           "-m", "not isa_independent", "-k", "not jit and not graph",
-           os.path.join(TESTS, "test_aot_kernel.py"), os.path.join(TESTS, "test_host_call.py")]
+           "-m", "not isa_independent", "-k", "not jit and not graph and not llm_vocabulary",
+           *(os.path.join(TESTS, name) for name in UNIT_TESTS)]
     proc = _procs.run(cmd, 1200, cwd=str(work),
                       env=_procs.with_repo_path(dict(os.environ, MS_KLDIV_ISA=isa)))
     tail = proc.stdout[-4000:] + proc.stderr[-2000:]

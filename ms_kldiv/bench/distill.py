@@ -7,10 +7,11 @@ Rows: ``fused`` (``distillation_loss``, the fused kernels), ``composition`` (the
 ops.softmax(t/T))`` written the obvious way; forward KL only), ``torch`` (torch's composition, when importable) and
 ``stream`` (``kl_div`` 'sum' on the same two tensors: the streaming kernel that runs at the machine's read bandwidth,
 i.e. reading both logits once, plus writing one gradient for value+grad: the roofline), and with ``--divergences``
-one ``fused-<divergence>`` row per other divergence of the loss menu (``tvd``, ``skew_kl``, ``skew_rkl``,
-``symmetric_kl``; with beta 0), timed against ``fused`` (forward KL). Modes: ``fwd`` (the loss),
-``grad`` (value and the student's gradient, teacher frozen), ``step`` (one GRAPH_MODE ``TrainOneStepCell`` step of a
-Dense H -> V student head distilled from fixed teacher logits; fused and composition rows).
+one ``fused-<divergence>`` row per other divergence of the loss menu (``jsd``: beta 0.5 of the ``kl`` family,
+``tvd``, ``skew_kl``, ``skew_rkl``, ``symmetric_kl``; in the beta 0 cells), timed against ``fused`` (forward KL) in
+the same process, the calls alternating (``(paired)``: the median ratio of the pairs). Modes: ``fwd`` (the loss),
+``grad`` (value and the student's gradient, teacher frozen), ``step`` (one GRAPH_MODE ``TrainOneStepCell`` step of
+a Dense H -> V student head distilled from fixed teacher logits; fused and composition rows).
 """
 import argparse
 import json
@@ -20,6 +21,7 @@ from ._process import fmt_bytes, in_child, measure, print_row, rows_to_run, save
 
 SIZES = ("4096x32000", "1024x151936", "256x262144")
 ROWS = ("fused", "composition", "ms_ops", "torch", "stream")
+DIVERGENCES = ("jsd", "tvd", "skew_kl", "skew_rkl", "symmetric_kl")
 STEP_HIDDEN = 256
 
 
@@ -33,6 +35,8 @@ def _ms_fn(row, temperature, beta, mode):
         t = ops.stop_gradient(t)
         if row == "fused":
             return ms_kldiv.distillation_loss(s, t, temperature, beta=beta, backend="aot")
+        if row == "fused-jsd":  # the generalized JSD of the 'kl' family at beta 0.5
+            return ms_kldiv.distillation_loss(s, t, temperature, beta=0.5, backend="aot")
         if row.startswith("fused-"):
             return ms_kldiv.distillation_loss(s, t, temperature, backend="aot", divergence=row[len("fused-"):])
         if row == "composition":
@@ -120,8 +124,29 @@ def run_child(row, n, v, dtype_name, beta, mode, repeats, temperature=2.0):
         sync = lambda out: out.asnumpy()  # noqa: E731
     del arrays
     seconds, _, peak = measure(lambda: sync(fn(s, t)), repeats)
-    return {"row": row, "n": n, "v": v, "dtype": dtype_name, "beta": beta, "mode": mode, "seconds": seconds,
-            "peak_bytes": peak, "logits_bytes": n * v * (4 if dtype_name == "float32" else 2)}
+    rec = {"row": row, "n": n, "v": v, "dtype": dtype_name, "beta": beta, "mode": mode, "seconds": seconds,
+           "peak_bytes": peak, "logits_bytes": n * v * (4 if dtype_name == "float32" else 2)}
+    if row.startswith("fused-"):
+        rec.update(_paired_with_forward_kl(fn, _ms_fn("fused", temperature, 0.0, mode), s, t, sync, repeats))
+    return rec
+
+
+def _paired_with_forward_kl(fn, ref, s, t, sync, repeats):
+    """A divergence's time against forward KL's measured in the same process, the two calls alternating: separate
+    processes' times of a ~50 ms call drift apart by more than the differences between divergences on a shared
+    machine. The ratio is the median of the pairs' ratios."""
+    import time
+    sync(ref(s, t))  # compile
+    ratios, ref_times = [], []
+    for _ in range(max(5, 3 * repeats)):
+        times = []
+        for f in (ref, fn):
+            start = time.perf_counter()
+            sync(f(s, t))
+            times.append(time.perf_counter() - start)
+        ref_times.append(times[0])
+        ratios.append(times[1] / times[0])
+    return {"paired_ratio": sorted(ratios)[len(ratios) // 2], "paired_ref_seconds": min(ref_times)}
 
 
 def main(argv=None):
@@ -131,9 +156,9 @@ def main(argv=None):
     ap.add_argument("--betas", default="0,0.5")
     ap.add_argument("--modes", default="fwd,grad,step", help="fwd, grad (value + d/dstudent), step (training step)")
     ap.add_argument("--rows", default=",".join(ROWS))
-    ap.add_argument("--divergences", default="kl",
-                    help="also time these divergences of the fused loss (beta 0 cells), e.g. tvd,skew_kl,skew_rkl,"
-                         "symmetric_kl")
+    ap.add_argument("--divergences", default=",".join(DIVERGENCES),
+                    help="also time these divergences of the fused loss against forward KL (beta 0 cells, fwd and "
+                         "grad; 'jsd': beta 0.5; '' for none; default: %(default)s)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", default=None, help="write the records to this file")
     ap.add_argument("--child", nargs=7, help=argparse.SUPPRESS)
@@ -163,7 +188,10 @@ def main(argv=None):
                         if "error" in rec:
                             print_row(*key, f"failed: {rec['error']}", "", "", "")
                             continue
-                        ratio = f"{rec['seconds'] / fused['seconds']:.2f}x" if fused.get("seconds") else "-"
+                        if "paired_ratio" in rec:
+                            ratio = f"{rec['paired_ratio']:.2f}x (paired)"
+                        else:
+                            ratio = f"{rec['seconds'] / fused['seconds']:.2f}x" if fused.get("seconds") else "-"
                         mult = (f"{rec['peak_bytes'] / rec['logits_bytes']:.2f}" if rec["peak_bytes"] is not None
                                 else "-")
                         print_row(*key, f"{rec['seconds']:.4f}", fmt_bytes(rec['peak_bytes'], 2**20, 'MB'), mult, ratio)
