@@ -6,8 +6,8 @@ the choice, so here each narrower unit runs tests/test_aot_kernel.py and tests/t
 and both gradients against the float64 reference, every dtype, broadcast patterns, sizes around the vector/block/
 thread boundaries, special values in lean and exact blocks, the log's accuracy sweep, the host call against the
 primitive), and the distillation kernels' tests/test_distill_kernel.py and tests/test_divergences.py (every
-divergence, the mixture kinds' vector loops in each dtype), in a subprocess of its own; the main run covers the compiled modes, which launch the same unit. A unit
-this CPU cannot run is reported as skipped, with the reason.
+divergence, the mixture kinds' vector loops in each dtype), in a subprocess of its own; the main run covers the
+compiled modes, which launch the same unit. A unit this CPU cannot run is reported as skipped, with the reason.
 Tests marked ``isa_independent`` (no library, Python only, the pool's diagnostics) are not rerun: the main run has
 checked them, and no unit takes part in them.
 """

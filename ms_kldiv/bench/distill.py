@@ -132,20 +132,18 @@ def run_child(row, n, v, dtype_name, beta, mode, repeats, temperature=2.0):
 
 
 def _paired_with_forward_kl(fn, ref, s, t, sync, repeats):
-    """A divergence's time against forward KL's measured in the same process, the two calls alternating: separate
-    processes' times of a ~50 ms call drift apart by more than the differences between divergences on a shared
-    machine. The ratio is the median of the pairs' ratios."""
+    """A divergence's time against forward KL's measured in the same process, in back-to-back pairs of alternating
+    order (harness.paired_ratios): separate processes' times of a ~50 ms call drift apart by more than the
+    differences between divergences on a shared machine. The ratio is the median of the pairs' ratios."""
     import time
-    sync(ref(s, t))  # compile
-    ratios, ref_times = [], []
-    for _ in range(max(5, 3 * repeats)):
-        times = []
-        for f in (ref, fn):
-            start = time.perf_counter()
-            sync(f(s, t))
-            times.append(time.perf_counter() - start)
-        ref_times.append(times[0])
-        ratios.append(times[1] / times[0])
+    from . import harness
+    ref_times = []
+
+    def timed_ref():
+        start = time.perf_counter()
+        sync(ref(s, t))
+        ref_times.append(time.perf_counter() - start)
+    ratios = harness.paired_ratios([lambda: sync(fn(s, t))], timed_ref, pairs=max(5, 3 * repeats), warmup=1)[0]
     return {"paired_ratio": sorted(ratios)[len(ratios) // 2], "paired_ref_seconds": min(ref_times)}
 
 
