@@ -233,8 +233,10 @@ class _ChunkLoop(nn.Cell):
 
 
 class _CompiledLoop(nn.Cell):
-    """A chunk loop compiled for PyNative callers: one graph (the same ``ops.ForiLoop`` as in graph mode) instead of
-    a Python loop dispatching each chunk's ops one by one, which cost more than the matmuls themselves. The first
+    """A pass (chunk loop or head kernel) compiled for PyNative callers: one graph (the same ``ops.ForiLoop`` as in
+    graph mode) instead of a Python loop dispatching each chunk's ops one by one, which cost more than the matmuls
+    themselves; the head kernel too runs faster from a graph than as a PyNative op (there its threads compete with
+    MindSpore's dispatch threads). The first
     call compiles for its shapes; once the row count changes, the graph is compiled once more with the rows dynamic
     (``set_inputs``), so that a variable-length training loop does not compile per length."""
 
@@ -303,7 +305,14 @@ class _FusedCore(nn.Cell):
         self.teacher_grad = teacher_grad and not teacher_logits and stored is None
         args = (kernels, temperature, beta, ignore_index, hard_weight, soft_weight)
 
+        head = getattr(kernels, "fused_head", None)
+        whole = head is not None and not teacher_logits and stored is None and group is None
+
         def chunk_loop(student, teacher):
+            kernel = whole and head(student, temperature, beta, variant, ignore_index, hard_weight, soft_weight,
+                                    hard_options, chunk_size, chunk_bytes, two_pass(beta, variant), CHUNK_ROWS)
+            if kernel:  # the whole pass in one kernel (CPU: ms_kldiv/backends/head.py)
+                return kernel
             return _ChunkLoop(_ChunkStep(*args, student, teacher, teacher_logits, stored, variant, hard_options,
                                          group), chunk_size, chunk_bytes, group)
 
@@ -606,7 +615,9 @@ def _rows(hidden):
 
 
 def _check_inputs(hs, ws, ht, wt, labels, bs, bt, hard_weight, name, teacher_is_logits=False, vocab_check=True):
-    """Every argument check, before anything runs. ``teacher_is_logits``: ``ht`` holds the teacher's logits."""
+    """Every argument check, before anything runs. ``teacher_is_logits``: ``ht`` holds the teacher's logits. The
+    shapes are checked on their static form (``ops.shape``: -1 for a dynamic dimension) at compile time: a check on
+    a dynamic dimension's run-time value would leave a Python raise in the graph."""
     tensors = (("student_hidden", hs), ("student_weight", ws),
                ("teacher_logits" if teacher_is_logits else "teacher_hidden", ht))
     for arg, value in tensors + (() if teacher_is_logits else (("teacher_weight", wt),)):
@@ -614,33 +625,40 @@ def _check_inputs(hs, ws, ht, wt, labels, bs, bt, hard_weight, name, teacher_is_
             raise TypeError(f"For '{name}', '{arg}' must be a mindspore.Tensor, but got {type(value).__name__}.")
         if value.dtype not in _validation.FLOAT_DTYPES:
             raise TypeError(f"For '{name}', '{arg}' must have a floating dtype, but got {value.dtype}.")
-    vocab = ws.shape[0] if ws.ndim == 2 else None
-    if teacher_is_logits:
-        wt = None
-    if ws.ndim != 2 or (wt is not None and wt.ndim != 2):
-        raise ValueError(f"For '{name}', the head weights must be 2-D [V, H], but got {ws.shape}"
-                         f"{'' if wt is None else f' and {wt.shape}'}.")
-    if hs.ndim < 2 or ht.ndim < 2:
-        raise ValueError(f"For '{name}', hidden states must be [N, H] or [B, S, H], but got {hs.shape}, {ht.shape}.")
-    if hs.shape[-1] != ws.shape[1]:
-        raise ValueError(f"For '{name}', 'student_hidden' {hs.shape} does not match 'student_weight' {ws.shape}.")
-    if wt is not None and (ht.shape[-1] != wt.shape[1] or wt.shape[0] != vocab):
-        raise ValueError(f"For '{name}', 'teacher_hidden' {ht.shape} and 'teacher_weight' {wt.shape} do not "
-                         f"match each other or the student's vocabulary ({vocab}).")
-    if wt is None and vocab_check and ht.shape[-1] != vocab:
-        raise ValueError(f"For '{name}', 'teacher_logits' {ht.shape} must end in the vocabulary size {vocab}.")
-    if hs.shape[:-1] != ht.shape[:-1]:
-        raise ValueError(f"For '{name}', student and teacher rows differ: {hs.shape[:-1]} vs {ht.shape[:-1]}.")
     for arg, value in (("student_bias", bs), ("teacher_bias", bt)):
-        if value is not None and (not isinstance(value, Tensor) or value.dtype not in _validation.FLOAT_DTYPES
-                                  or tuple(value.shape) != (vocab,)):
+        if value is not None and (not isinstance(value, Tensor) or value.dtype not in _validation.FLOAT_DTYPES):
+            raise ValueError(f"For '{name}', '{arg}' must be a floating Tensor of shape (V,).")
+    if labels is not None and (not isinstance(labels, Tensor) or labels.dtype not in (ms.int32, ms.int64)):
+        raise TypeError(f"For '{name}', 'labels' must be an int32 or int64 Tensor.")
+    _check_shapes(ops.shape(hs), ops.shape(ws), ops.shape(ht), None if teacher_is_logits else ops.shape(wt),
+                  None if labels is None else ops.shape(labels), None if bs is None else ops.shape(bs),
+                  None if bt is None else ops.shape(bt), hard_weight != 0, name, vocab_check)
+
+
+@constexpr(check=False)
+def _check_shapes(hs, ws, ht, wt, labels, bs, bt, hard, name, vocab_check):
+    """The shape checks of ``_check_inputs`` on static shapes (``wt`` None: ``ht`` is the teacher's logits)."""
+    hs, ws, ht = tuple(hs), tuple(ws), tuple(ht)
+    vocab = ws[0] if len(ws) == 2 else None
+    if len(ws) != 2 or (wt is not None and len(wt) != 2):
+        raise ValueError(f"For '{name}', the head weights must be 2-D [V, H], but got {ws}"
+                         f"{'' if wt is None else f' and {tuple(wt)}'}.")
+    if len(hs) < 2 or len(ht) < 2:
+        raise ValueError(f"For '{name}', hidden states must be [N, H] or [B, S, H], but got {hs}, {ht}.")
+    if hs[-1] != ws[1]:
+        raise ValueError(f"For '{name}', 'student_hidden' {hs} does not match 'student_weight' {ws}.")
+    if wt is not None and (ht[-1] != wt[1] or wt[0] != vocab):
+        raise ValueError(f"For '{name}', 'teacher_hidden' {ht} and 'teacher_weight' {tuple(wt)} do not "
+                         f"match each other or the student's vocabulary ({vocab}).")
+    if wt is None and vocab_check and ht[-1] != vocab:
+        raise ValueError(f"For '{name}', 'teacher_logits' {ht} must end in the vocabulary size {vocab}.")
+    if hs[:-1] != ht[:-1]:
+        raise ValueError(f"For '{name}', student and teacher rows differ: {hs[:-1]} vs {ht[:-1]}.")
+    for arg, shape in (("student_bias", bs), ("teacher_bias", bt)):
+        if shape is not None and tuple(shape) != (vocab,):
             raise ValueError(f"For '{name}', '{arg}' must be a floating Tensor of shape ({vocab},).")
     if labels is None:
-        if hard_weight != 0:
+        if hard:
             raise ValueError(f"For '{name}', 'labels' are required when 'hard_weight' is not 0.")
-    else:
-        if not isinstance(labels, Tensor) or labels.dtype not in (ms.int32, ms.int64):
-            raise TypeError(f"For '{name}', 'labels' must be an int32 or int64 Tensor.")
-        if tuple(labels.shape) != tuple(hs.shape[:-1]):
-            raise ValueError(f"For '{name}', 'labels' must have shape {tuple(hs.shape[:-1])}, "
-                             f"but got {tuple(labels.shape)}.")
+    elif tuple(labels) != hs[:-1]:
+        raise ValueError(f"For '{name}', 'labels' must have shape {hs[:-1]}, but got {tuple(labels)}.")

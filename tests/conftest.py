@@ -90,6 +90,20 @@ BACKENDS = _available_backends()
 DISTILL_BACKENDS = _available_backends("distillation")
 
 
+def _head_kernel_missing():
+    """None when the default backend runs the fused head as one kernel here, else why not."""
+    from ms_kldiv.backends import get_distill_kernels
+    from ms_kldiv.backends.head import head_ready
+    name, kernels = get_distill_kernels("auto")
+    if getattr(kernels, "target", None) != "CPU" or not head_ready(kernels.lib_path):
+        return f"the head kernel needs the CPU 'aot' library with MindSpore's libdnnl (backend '{name}' here)"
+    return None
+
+
+HEAD_KERNEL_MISSING = _head_kernel_missing() if ms.get_context("device_target") == "CPU" else "not a CPU target"
+HEAD_IMPLS = ("kernel", "loop")
+
+
 def pytest_configure(config):
     required = [n.strip() for n in os.environ.get("MS_KLDIV_REQUIRE_BACKENDS", "").split(",") if n.strip()]
     if not required:
@@ -118,6 +132,18 @@ def backend(request):
 
 @pytest.fixture(params=DISTILL_BACKENDS)
 def distill_backend(request):
+    return request.param
+
+
+@pytest.fixture(params=HEAD_IMPLS)
+def head_impl(request, monkeypatch):
+    """How FusedLinearDistillationLoss runs a pass with the default backend: 'kernel' (the whole head in one op,
+    ms_kldiv/backends/head.py; a skip with its reason where the library cannot run it) or 'loop' (the MindSpore chunk
+    loop around the distillation kernels, as on GPU and Ascend; forced with MS_KLDIV_HEAD_KERNEL=0)."""
+    if request.param == "loop":
+        monkeypatch.setenv("MS_KLDIV_HEAD_KERNEL", "0")
+    elif HEAD_KERNEL_MISSING:
+        pytest.skip(HEAD_KERNEL_MISSING)
     return request.param
 
 

@@ -192,7 +192,8 @@ def test_distill_subcommand_smoke(tmp_path):
 
 def test_fused_linear_subcommand_smoke(tmp_path):
     stdout, records = _subcommand(tmp_path, "fused-linear", "--sizes", "16x8x32", "--dtypes", "float32",
-                                  "--rows", "fused,fused_pynative,matmuls,kernels,composition", "--repeats", "1",
-                                  "--chunk-size", "5")
-    assert {r["row"] for r in records} == {"fused", "fused_pynative", "matmuls", "kernels", "composition"}
+                                  "--rows", "fused,fused_pynative,fused_loop,matmuls,kernels,composition", "--repeats",
+                                  "1", "--chunk-size", "5")
+    assert {r["row"] for r in records} == {"fused", "fused_pynative", "fused_loop", "matmuls", "kernels",
+                                           "composition"}
     assert all(r["compile_seconds"] >= 0 for r in records) and "time vs matmuls + kernels" in stdout

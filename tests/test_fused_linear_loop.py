@@ -1,6 +1,7 @@
-"""FusedLinearDistillationLoss at LLM scale, structurally: the chunk loop (one non-unrolled ops.ForiLoop, compiled in
-GRAPH_MODE and in PyNative alike) gives the unchunked composition's value and all six gradients for 1, 2,
-7 and 300 chunks; hundreds of chunks compile under TrainOneStepCell (an unrolled loop hit MindSpore's call-depth
+"""FusedLinearDistillationLoss at LLM scale, structurally, in both implementations of a pass (``head_impl``: the
+head kernel of the CPU library, and the chunk loop that other devices run): the chunk loop (one non-unrolled
+ops.ForiLoop, compiled in GRAPH_MODE and in PyNative alike) and the kernel give the unchunked composition's value
+and all six gradients for 1, 2, 7 and 300 chunks; hundreds of chunks compile under TrainOneStepCell (an unrolled loop hit MindSpore's call-depth
 limit there); dynamic row counts (set_inputs with None rows, [B, S, H] with None batch and sequence) are chunked, with
 and without the hard term, forward and training, and a variable-length training loop compiles once."""
 import numpy as np
@@ -11,7 +12,7 @@ from mindspore import nn, ops
 
 from ms_kldiv import FusedLinearDistillationLoss
 
-from _head_checks import H_S, H_T, V, Net, case, reference_grads, reference_loss, value_and_grads
+from _head_checks import H_S, H_T, V, Net, case, log_softmax, reference_grads, reference_loss, value_and_grads
 from conftest import graph_mode
 
 
@@ -19,7 +20,7 @@ from conftest import graph_mode
     pytest.param(rows, chunk, mode, id=f"{name}-{mode}")
     for mode in ("pynative", "graph")
     for rows, chunk, name in [(10, 10, "1-chunk"), (10, 5, "2-chunks"), (14, 2, "7-chunks"), (300, 1, "300-chunks")]])
-def test_chunk_loop_matches_unchunked_composition(mode, rows, chunk_size):
+def test_chunk_loop_matches_unchunked_composition(mode, rows, chunk_size, head_impl):
     c = case(seed=21, rows=rows, labels_ignored=(1, rows - 1))
     args = (1.5, 0.5, 0.3, 0.8)
     net = Net(FusedLinearDistillationLoss(1.5, beta=0.5, hard_weight=0.3, soft_weight=0.8, chunk_size=chunk_size))
@@ -61,7 +62,7 @@ def _batch(rng, rows, h, v, teacher_weight, lead=None):
             ms.Tensor(labels.reshape(shape)))
 
 
-def test_hundreds_of_chunks_compile_and_train_in_graph_mode():
+def test_hundreds_of_chunks_compile_and_train_in_graph_mode(head_impl):
     """512 chunks of one row: an unrolled loop would exceed MindSpore's function call depth limit (1000)."""
     rng = np.random.default_rng(3)
     h, v, rows = 8, 24, 512
@@ -75,7 +76,7 @@ def test_hundreds_of_chunks_compile_and_train_in_graph_mode():
 @pytest.mark.parametrize("mode", ["pynative", "graph"])
 @pytest.mark.parametrize("hard_weight", [0.0, 0.5])
 @pytest.mark.parametrize("lead", [None, "batch-seq"])
-def test_dynamic_rows_train_and_match_static(mode, hard_weight, lead):
+def test_dynamic_rows_train_and_match_static(mode, hard_weight, lead, head_impl):
     """set_inputs with None rows (or None batch and sequence of [B, S, H]): several lengths through one Cell, each
     step's loss and parameters equal to a static-shape twin's; in graph mode the loop compiles once; in PyNative the
     compiled chunk loop turns dynamic at the first new row count (so it compiles twice in all)."""
@@ -108,13 +109,13 @@ def test_dynamic_rows_train_and_match_static(mode, hard_weight, lead):
         np.testing.assert_allclose(p.asnumpy(), q.asnumpy(), rtol=1e-5, atol=1e-7, err_msg=p.name)
     if mode == "graph":
         assert len(step.compile_cache) == 1, step.compile_cache
-    else:
+    elif head_impl == "loop":
         loop = dynamic.loss_fn.core.student_loop_pynative.compiled_loop
         assert loop.rows == -1, loop.rows
 
 
 @pytest.mark.parametrize("hard_weight", [0.0, 0.5])
-def test_dynamic_rows_forward_against_reference(hard_weight):
+def test_dynamic_rows_forward_against_reference(hard_weight, head_impl):
     """Forward only, GRAPH_MODE, None rows: values of several lengths against the float64 composition."""
     net = Net(FusedLinearDistillationLoss(1.5, hard_weight=hard_weight, chunk_size=3))
     net.set_inputs(*[ms.Tensor(shape=s, dtype=ms.float32) for s in ([None, H_S], [V, H_S], [None, H_T], [V, H_T])],
@@ -127,3 +128,56 @@ def test_dynamic_rows_forward_against_reference(hard_weight):
             value = float(net(*args, ms.Tensor(c["labels"], ms.int32), ms.Tensor(c["bs"], ms.float32),
                               ms.Tensor(c["bt"], ms.float32)).asnumpy())
         np.testing.assert_allclose(value, reference_loss(c, 1.5, 0.0, hard_weight, 1.0), rtol=1e-5)
+
+
+def _analytic_head(hs, ws, bs, ht, wt, bt, labels, temperature, hard_weight):
+    """Forward KL at ``temperature`` plus ``hard_weight`` x cross-entropy, 'tokenmean' over the counted rows, in
+    float64 with its gradients in closed form: d(soft)/d(s) = T (softmax(s/T) - softmax(t/T)), d(ce)/d(s) =
+    softmax(s) - onehot."""
+    s, t = hs @ ws.T + bs, ht @ wt.T + bt
+    keep = labels != -100
+    count = max(int(keep.sum()), 1)
+    ls, lt = log_softmax(s / temperature), log_softmax(t / temperature)
+    soft = temperature ** 2 * np.sum(np.exp(lt) * (lt - ls), -1)
+    l1 = log_softmax(s)
+    lab = np.where(keep, labels, 0)
+    ce = -l1[np.arange(len(s)), lab]
+    loss = np.sum(np.where(keep, soft + hard_weight * ce, 0.0)) / count
+    onehot = np.eye(s.shape[1])[lab]
+    d = (temperature * (np.exp(ls) - np.exp(lt)) + hard_weight * (np.exp(l1) - onehot)) * keep[:, None] / count
+    return loss, {"hs": d @ ws, "ws": d.T @ hs, "bs": d.sum(0)}
+
+
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+@pytest.mark.parametrize("dtype", [ms.float32, ms.bfloat16, ms.float16], ids=["float32", "bfloat16", "float16"])
+def test_head_at_block_and_thread_boundaries(mode, dtype, head_impl):
+    """Widths that cross the head kernel's internal boundaries (several converted weight blocks of a half-precision
+    weight, the products split into column ranges over the threads, a last partial chunk, V not a multiple of 16),
+    at a small size: value and the student's gradients against float64 closed forms on the inputs as rounded to
+    ``dtype``."""
+    rng = np.random.default_rng(11)
+    n, h, v = 45, 136, 1203
+    raw = dict(hs=rng.normal(size=(n, h)), ws=rng.normal(size=(v, h)) * 0.1, bs=rng.normal(size=v) * 0.1,
+               ht=rng.normal(size=(n, h)), wt=rng.normal(size=(v, h)) * 0.1, bt=rng.normal(size=v) * 0.1)
+    tensors_ = {k: ms.Tensor(a, dtype) for k, a in raw.items()}
+    rounded = {k: t.astype(ms.float32).asnumpy().astype(np.float64) for k, t in tensors_.items()}
+    labels = rng.integers(0, v, n)
+    labels[[0, 17, 44]] = -100
+    net = Net(FusedLinearDistillationLoss(2.0, hard_weight=0.5, chunk_size=16, teacher_grad=False))
+    args = (tensors_["hs"], tensors_["ws"], tensors_["ht"], tensors_["wt"], ms.Tensor(labels, ms.int32),
+            tensors_["bs"], tensors_["bt"])
+    grad_fn = ms.value_and_grad(net, grad_position=(0, 1, 5))
+    if mode == "graph":
+        with graph_mode():
+            value, grads = grad_fn(*args)
+    else:
+        value, grads = grad_fn(*args)
+    want, want_grads = _analytic_head(rounded["hs"], rounded["ws"], rounded["bs"], rounded["ht"], rounded["wt"],
+                                      rounded["bt"], labels, 2.0, 0.5)
+    np.testing.assert_allclose(float(value.asnumpy()), want, rtol=2e-5)
+    # the gradients come back in the inputs' dtype: within its rounding of the float32 arithmetic's result
+    tol = {ms.float32: 1e-4, ms.bfloat16: 1e-2, ms.float16: 2e-3}[dtype]
+    for name, got in zip(("hs", "ws", "bs"), grads):
+        ref = want_grads[name]
+        np.testing.assert_allclose(got.astype(ms.float32).asnumpy(), ref, rtol=tol, atol=tol * np.abs(ref).max(),
+                                   err_msg=name)

@@ -24,18 +24,7 @@ int run(int op, int nparam, void **params, int *ndims, int64_t **shapes, const c
   if (!distill::rows_and_vocab(op, nparam, ndims, shapes, dtypes, &j.rows, &j.vocab)) return 1;
   j.dtype = kldiv::cpu::parse_dtype(dtypes[0]);
   if (j.dtype < 0 || j.dtype == kldiv::cpu::kF64) return 1;  // float64 takes the composite kernels
-  const double *hyper = static_cast<const double *>(params[2]);
-  // (temperature, beta, divergence code, alpha, soft cap (0: none), logit scale)
-  const double temperature = hyper[0], beta = hyper[1];
-  j.inv_t = static_cast<float>(1.0 / temperature);
-  j.t = static_cast<float>(temperature);
-  j.t_sq = static_cast<float>(temperature * temperature);
-  j.kind = distill::kind_of(beta, hyper[2]);
-  j.mix = distill::mix_of<float>(j.kind, beta, hyper[3]);
-  j.f = distill::transform_of(hyper[5], hyper[4]);
-  j.beta = static_cast<float>(beta);
-  j.log_beta = j.kind == 2 ? static_cast<float>(log(beta)) : 0.0f;
-  j.log_1m_beta = j.kind == 2 ? static_cast<float>(log1p(-beta)) : 0.0f;
+  kldiv::cpu::init_distill_job(static_cast<const double *>(params[2]), &j);
   j.s = params[0];
   j.t_logits = params[1];
   j.op = op;
@@ -56,12 +45,36 @@ int run(int op, int nparam, void **params, int *ndims, int64_t **shapes, const c
     }
     return 0;
   }
-  const int nchunks = kldiv::cpu::threads_for(j.rows * j.vocab * 4);
-  kldiv::cpu::parallel_run(nchunks > j.rows ? static_cast<int>(j.rows) : nchunks, &task, &j);
+  kldiv::cpu::run_distill_job(j);
   return 0;
 }
 
 }  // namespace
+
+namespace kldiv {
+namespace cpu {
+
+void init_distill_job(const double *hyper, DistillJob *j) {
+  // (temperature, beta, divergence code, alpha, soft cap (0: none), logit scale)
+  const double temperature = hyper[0], beta = hyper[1];
+  j->inv_t = static_cast<float>(1.0 / temperature);
+  j->t = static_cast<float>(temperature);
+  j->t_sq = static_cast<float>(temperature * temperature);
+  j->kind = distill::kind_of(beta, hyper[2]);
+  j->mix = distill::mix_of<float>(j->kind, beta, hyper[3]);
+  j->f = distill::transform_of(hyper[5], hyper[4]);
+  j->beta = static_cast<float>(beta);
+  j->log_beta = j->kind == 2 ? static_cast<float>(log(beta)) : 0.0f;
+  j->log_1m_beta = j->kind == 2 ? static_cast<float>(log1p(-beta)) : 0.0f;
+}
+
+void run_distill_job(const DistillJob &j) {
+  const int nchunks = threads_for(j.rows * j.vocab * 4);
+  parallel_run(nchunks > j.rows ? static_cast<int>(j.rows) : nchunks, &task, const_cast<DistillJob *>(&j));
+}
+
+}  // namespace cpu
+}  // namespace kldiv
 
 DISTILL_DEFINE_EXPORTS(run)
 DISTILL_DEFINE_SHARD_EXPORTS(run)

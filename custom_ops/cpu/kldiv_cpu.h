@@ -87,6 +87,12 @@ struct KernelTable {
   void (*sparse_rows)(const SparseJob*, int64_t r0, int64_t r1);    // rows [r0, r1) of a stored-teacher call
 };
 
+// distill_cpu.cc, for the front ends that run the distillation kernels (distill_cpu.cc, head_cpu.cc): a job's
+// constants from the kernels' float64 hyper (temperature, beta, divergence code, alpha, soft cap, logit scale),
+// and its rows split over the pool.
+void init_distill_job(const double* hyper, DistillJob* j);
+void run_distill_job(const DistillJob& j);
+
 // The table picked for this CPU (once, from cpuid; MS_KLDIV_ISA forces one).
 const KernelTable* active_table();
 // The DType of a MindSpore dtype name ("float32", ...), -1 for any other (front ends only: kldiv_cpu.cc).

@@ -28,6 +28,11 @@ current device target and, if so, for that op's implementation:
     - optionally ``backward_teacher(temperature, beta, variant=KL)`` -> Cell ``(s, t, stats, dloss) -> d_teacher``;
     - ``unsupported(variant)`` -> None, or why these kernels cannot compute ``variant`` (the API then takes the
       composite kernels under ``backend='auto'`` and raises for a named backend).
+    - optionally ``fused_head(student, temperature, beta, variant, ignore_index, hard_weight, soft_weight,
+      hard_options, chunk_size, chunk_bytes, mark, chunk_cap)`` -> a Cell that runs one whole pass of
+      ``FusedLinearDistillationLoss`` (``student``: the loss and the student's gradients, else the teacher's) with
+      the chunk loop's inputs and outputs (``ms_kldiv.fused_linear._ChunkLoop``), or None where these kernels have
+      no such op here (the head then runs its MindSpore chunk loop around ``forward`` / ``backward``);
     - optionally, for vocabulary parallelism (``ms_kldiv.backends.vocab_parallel``; kernels without them are
       composite-only there), on a rank's slice [R, V_r] of both logits: ``states(temperature, variant)`` -> Cell
       ``(s, t) -> stats`` holding only the slice's normalizers (columns ``LOG_Z_*`` / ``BASE_*`` of

@@ -8,11 +8,14 @@ Ascend, ``composite.CompositeDistillKernels`` everywhere) meets the distillation
 the reduction (O(rows) work). Second order goes through plain MindSpore ops: the closed-form gradients of
 ``ms_kldiv._distill_math``, differentiated.
 """
+import os
+
 import mindspore as ms
 from mindspore import nn, ops
 
 from .._distill_math import KL, LOG_Z_S, hyper, row_grads, two_pass
 from .common import custom_reg_info
+from .head import AotFusedHead, head_ready
 
 
 # Picked in __init__: (d_student, d_teacher) from what the backward core returns.
@@ -239,6 +242,14 @@ class AotDistillKernels:
     def backward_teacher(self, temperature, beta, variant=KL):
         return _AotKernel(self, "DistillBwdTeacher", ("s", "t", "hyper", "stats", "dloss"), ("dt",),
                           lambda s, t, *_: t, temperature, beta, variant)
+
+    def fused_head(self, student, *options):
+        """The fused linear head's pass in one kernel (``ms_kldiv.backends.head.AotFusedHead``) where this library
+        has it (the CPU one, with MindSpore's libdnnl loaded), else None (the head runs its chunk loop, as it does
+        with ``MS_KLDIV_HEAD_KERNEL=0``)."""
+        if self.target != "CPU" or os.environ.get("MS_KLDIV_HEAD_KERNEL", "1") == "0" or not head_ready(self.lib_path):
+            return None
+        return AotFusedHead(self.lib_path, student, *options)
 
     # The vocabulary-parallel entry points (base.py): the backward kernels already read every normalizer and sum
     # from the stats, so the merged stats of a slice need no kernel of their own there.

@@ -1,6 +1,7 @@
 """``python -m ms_kldiv.bench fused-linear``: compile time, step time and peak memory of one forward+backward of a
 student head trained against a frozen teacher, chunked (FusedLinearDistillationLoss: ``fused`` in GRAPH_MODE,
-``fused_pynative``) against what bounds it, run alone with the same chunks (``matmuls``: the chunk loop with its four
+``fused_pynative``; on CPU both run the head kernel, ``fused_loop`` is the same loss in GRAPH_MODE with the MindSpore
+chunk loop that other devices run, ``MS_KLDIV_HEAD_KERNEL=0``) against what bounds it, run alone with the same chunks (``matmuls``: the chunk loop with its four
 matmuls, both models' logits, d(hidden), d(weight), and no loss; ``kernels``: the chunk loop with the distillation
 kernels alone on chunk-sized logits), the unchunked composition (logits of both heads, then distillation_loss;
 ``composition_unfused``: with the loss as two log_softmax and kl_div) and torch's unchunked composition when torch is
@@ -10,12 +11,13 @@ is not run, and the memory it needs (its logits, their softmaxes and gradients: 
 the first size where it ran, else 5 x 4 bytes) is printed instead."""
 import argparse
 import json
+import os
 import sys
 
 from ._process import available_bytes, fmt_bytes, in_child, measure, print_row, rows_to_run, save_records
 
 SIZES = ((4096, 1024, 32000), (8192, 1024, 131072), (4096, 1024, 262144))
-ROWS = ("fused", "fused_pynative", "matmuls", "kernels", "composition", "composition_unfused", "torch")
+ROWS = ("fused", "fused_pynative", "fused_loop", "matmuls", "kernels", "composition", "composition_unfused", "torch")
 #: Rows that the head's time is compared against: together they are what the head cannot avoid doing.
 FLOOR = ("matmuls", "kernels")
 
@@ -38,6 +40,8 @@ def _ms_step(row, arrays, dtype_name, temperature, chunk_size):
         return _floor_step(row, tensors, temperature, chunk_size)
 
     if row.startswith("fused"):
+        if row == "fused_loop":
+            os.environ["MS_KLDIV_HEAD_KERNEL"] = "0"
         loss_fn = ms_kldiv.FusedLinearDistillationLoss(temperature, chunk_size=chunk_size)
 
         class Net(nn.Cell):
