@@ -21,9 +21,9 @@ SUBNORMAL_SPACING = {ms.float64: 2.0**-1074, ms.float32: 2.0**-149, ms.float16: 
 
 
 def distill_abi_kernels(text):
-    """The kernels distill_abi.h / sparse_abi.h list in their tables (their DECLARE macros make the exports, each
-    with InferShape)."""
-    return set(re.findall(r"^//\s+((?:Distill|Sparse)\w+)\s+nparam", text, flags=re.M))
+    """The kernels distill_abi.h / sparse_abi.h / head_abi.h list in their tables (their DECLARE macros make the
+    exports, each with InferShape)."""
+    return set(re.findall(r"^//\s+((?:Distill|Sparse|Head)\w+)\s+nparam", text, flags=re.M))
 
 
 def cpu_isa():

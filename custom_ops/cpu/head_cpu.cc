@@ -9,20 +9,7 @@
 // Half-precision weights are read in blocks converted to float32 (the products are those of the float32 values,
 // as the chunk loop's casts give), never as a whole float32 copy.
 //
-// ABI (nparam 14 for HeadStudent, 13 for HeadTeacher):
-//   0 hs [N, H], 1 ws [V, H], 2 bs [V] or 0-d (no bias), 3 ht [N, Ht], 4 wt [V, Ht], 5 bt [V] or 0-d:
-//     hidden states and weights float32 / float16 / bfloat16 (each its own), biases float32;
-//   6 labels int32 [N], 7 weights float32 [N] (each row's weight), 8 count float32 0-d (the means divide by it:
-//     scale = 1 / count, 0 when count <= 0), 9 hyper float64 [kHyper] (enum Hyper below);
-//   HeadStudent outputs (10-13): loss float32 [1], d hs float32 [N, H], d ws float32 [V, H], d bs float32 (bs'
-//   shape, [1] for none); HeadTeacher outputs (10-12): d ht, d wt, d bt (float32, the inputs' shapes).
-// A row is counted when its label is not ignore_index; rows not counted have their hidden states read as zeros and
-// give exact zero gradients. The loss is
-//   scale * sum over counted rows of weight * (soft_weight * soft loss (+ NaN where `mark` and the student row has
-//   no distribution) + hard_weight * hard loss),
-// the soft loss the distillation kernels' row loss (distill_abi.h), the hard loss the cross-entropy of the
-// (transformed) student logits with z-loss and label smoothing (ms_kldiv._distill_math.cross_entropy_and_grad).
-// The gradients are those of the loss. Return value 0, or 1 for a layout Python excludes.
+// ABI: custom_ops/common/head_abi.h.
 #include <dlfcn.h>
 #include <link.h>
 #include <math.h>
@@ -34,6 +21,7 @@
 #include <vector>
 
 #include "../common/distill_abi.h"
+#include "../common/head_abi.h"
 #include "../common/kldiv_half.h"
 #include "kldiv_cpu.h"
 
@@ -430,5 +418,4 @@ KLDIV_DECLARE_BWD_INFER(HeadTeacher) {
   return grad_shapes(false, ndims, shapes);
 }
 
-// 1 when the products can run: MindSpore's libdnnl is loaded and has dnnl_sgemm (Python checks before using the op).
 KLDIV_EXPORT int KLDivHeadReady(void) { return sgemm() != nullptr; }
