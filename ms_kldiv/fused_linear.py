@@ -13,7 +13,9 @@ well), so that the graph holds one chunk's body whatever the number of chunks (a
 MindSpore's call-depth limit near a hundred chunks and compiles in time proportional to their number), and a
 dynamic row count is chunked like a static one. Inside the loop a chunk's rows are gathered by index (a slice
 with a loop-dependent start returns wrong rows in MindSpore's non-unrolled loops); the last chunk's indices past
-the end repeat the last row and are masked out.
+the end repeat the last row and are masked out. Where the distillation kernels offer the whole pass as one op
+(``fused_head``: the CPU library, ``ms_kldiv.backends.head``) that op takes the loop's place, with the same inputs
+and outputs.
 
 The teacher's gradients (mutual learning, trainable teachers) come from a second loop in a bprop that runs only
 when they are used: the graph compiler drops it when nothing consumes them, PyNative does not call it for a teacher
@@ -236,9 +238,9 @@ class _CompiledLoop(nn.Cell):
     """A pass (chunk loop or head kernel) compiled for PyNative callers: one graph (the same ``ops.ForiLoop`` as in
     graph mode) instead of a Python loop dispatching each chunk's ops one by one, which cost more than the matmuls
     themselves; the head kernel too runs faster from a graph than as a PyNative op (there its threads compete with
-    MindSpore's dispatch threads). The first
-    call compiles for its shapes; once the row count changes, the graph is compiled once more with the rows dynamic
-    (``set_inputs``), so that a variable-length training loop does not compile per length."""
+    MindSpore's dispatch threads). The first call compiles for its shapes; once the row count changes, the graph is
+    compiled once more with the rows dynamic (``set_inputs``), so that a variable-length training loop does not
+    compile per length."""
 
     def __init__(self, loop):
         super().__init__()
