@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "../common/distill_abi.h"
@@ -39,9 +40,11 @@ enum Hyper : int {
 typedef int (*SgemmFn)(char transa, char transb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                        int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
+// Only copies the name: dl_iterate_phdr holds the loader's write lock while it calls this, and a dlopen from here
+// would take the loader's other lock in the opposite order to a dlopen running in another thread (a deadlock).
 int find_dnnl(struct dl_phdr_info *info, size_t, void *out) {
   if (info->dlpi_name && strstr(info->dlpi_name, "libdnnl.so")) {
-    *static_cast<void **>(out) = dlopen(info->dlpi_name, RTLD_NOW | RTLD_NOLOAD);
+    *static_cast<std::string *>(out) = info->dlpi_name;
     return 1;
   }
   return 0;
@@ -50,8 +53,9 @@ int find_dnnl(struct dl_phdr_info *info, size_t, void *out) {
 // dnnl_sgemm of the libdnnl already in the process (MindSpore's), or null.
 SgemmFn sgemm() {
   static const SgemmFn fn = []() -> SgemmFn {
-    void *lib = nullptr;
-    dl_iterate_phdr(&find_dnnl, &lib);
+    std::string name;
+    dl_iterate_phdr(&find_dnnl, &name);
+    void *lib = name.empty() ? nullptr : dlopen(name.c_str(), RTLD_NOW | RTLD_NOLOAD);
     return lib ? reinterpret_cast<SgemmFn>(dlsym(lib, "dnnl_sgemm")) : nullptr;
   }();
   return fn;
