@@ -71,3 +71,8 @@ def is_graph_placeholder(value):
 
 #: (major, minor, patch) of the installed MindSpore, (0, 0, 0) when unknown.
 MS_VERSION = parse_version(installed_version() or "") or (0, 0, 0)
+
+#: Whether PyNative takes a 0-d zero from a Cell's bprop as the gradient of an input cut from autodiff, whatever its
+#: shape (2.8.0-2.10.0 do; 2.7.2 raises "grad tensor should be broadcast to expected shape"). Where it does, the
+#: fused head's bprops return one instead of a zeros tensor of a weight's size (ms_kldiv/fused_linear.py).
+BPROP_TAKES_0D_GRADIENTS = MS_VERSION >= (2, 8)

@@ -27,7 +27,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 from mindspore.ops import constexpr
 
-from . import _validation
+from . import _compat, _validation
 from ._distill_math import (KL, cross_entropy_and_grad, sliced_cross_entropy_and_grad, transform_slope, transformed,
                             two_pass)
 from .backends import check_name, compiled, get_distill_kernels, get_kernels
@@ -285,7 +285,7 @@ class _Unrecorded(nn.Cell):
         return self.compiled_loop(hs, ws, bs, ht, wt, bt, labels, weights, count)
 
     def bprop(self, hs, ws, bs, ht, wt, bt, labels, weights, count, out, dout):
-        return tuple(_zeros_like(v) for v in (hs, ws, bs, ht, wt, bt, labels, weights, count))
+        return tuple(_discarded(v) for v in (hs, ws, bs, ht, wt, bt, labels, weights, count))
 
 
 class _FusedCore(nn.Cell):
@@ -325,7 +325,7 @@ class _FusedCore(nn.Cell):
             self.teacher_gradients = _TeacherGradients(chunk_loop(False, True))
 
     def construct(self, hs, ws, bs, ht, wt, bt, labels, weights, count):
-        inputs = _cut(hs, ws, bs, ht, wt, bt) + (labels, ops.stop_gradient(weights), ops.stop_gradient(count))
+        inputs = _cut(hs, ws, bs, ht, wt, bt, labels, weights, count)
         loop = self.student_loop if compiled(hs) else self.student_loop_pynative
         hs_, ws_, bs_, ht_, wt_, bt_, labels, weights, count = inputs
         loss = self.with_gradients(hs, ws, bs, ht_, wt_, bt_, *_cut(*loop(*inputs)[:4]))
@@ -352,9 +352,9 @@ class _TeacherGradients(nn.Cell):
     def bprop(self, hs, ws, bs, ht, wt, bt, labels, weights, count, out, dout):
         loop = self.teacher_loop if compiled(hs) else self.teacher_loop_pynative
         _, _, _, _, dh_t, dw_t, db_t = loop(hs, ws, bs, *_cut(ht, wt, bt), labels, weights, count)
-        return (_zeros_like(hs), _zeros_like(ws), _zeros_like(bs), ops.cast(dh_t * dout, ht.dtype),
-                ops.cast(dw_t * dout, wt.dtype), ops.cast(db_t * dout, bt.dtype), _zeros_like(labels),
-                _zeros_like(weights), _zeros_like(count))
+        return (_discarded(hs), _discarded(ws), _discarded(bs), _scaled(dh_t, dout, ht.dtype),
+                _scaled(dw_t, dout, wt.dtype), _scaled(db_t, dout, bt.dtype), _discarded(labels),
+                _discarded(weights), _discarded(count))
 
 
 class _WithGradients(nn.Cell):
@@ -366,14 +366,31 @@ class _WithGradients(nn.Cell):
         return loss
 
     def bprop(self, hs, ws, bs, ht, wt, bt, loss, dh_s, dw_s, db_s, out, dout):
-        grads = (ops.cast(dh_s * dout, hs.dtype), ops.cast(dw_s * dout, ws.dtype), ops.cast(db_s * dout, bs.dtype))
-        return grads + tuple(_zeros_like(v) for v in (ht, wt, bt, loss, dh_s, dw_s, db_s))
+        grads = (_scaled(dh_s, dout, hs.dtype), _scaled(dw_s, dout, ws.dtype), _scaled(db_s, dout, bs.dtype))
+        return grads + tuple(_discarded(v) for v in (ht, wt, bt, loss, dh_s, dw_s, db_s))
 
 
-def _zeros_like(v):
-    """Zeros of ``v``'s shape and dtype: the bprops' gradients of inputs that get none (MindSpore 2.7's PyNative CPU
-    ``ZerosLike`` has no bfloat16 kernel: those are made in float32 and cast)."""
-    if compiled(v) or v.dtype != ms.bfloat16:
+def _scaled(grad, dout, dtype):
+    """A bprop's ``grad * dout`` in ``dtype``. PyNative runs each op on its own, so there a ``dout`` of 1 (the loss
+    differentiated directly) and a cast to the same dtype are skipped: each would copy a weight-sized gradient
+    (reading ``dout`` waits for it: once per backward pass)."""
+    if compiled(grad):
+        return ops.cast(grad * dout, dtype)
+    if float(dout.asnumpy()) != 1.0:
+        grad = grad * dout
+    return grad if grad.dtype == dtype else ops.cast(grad, dtype)
+
+
+def _discarded(v):
+    """A bprop's gradient of an input cut from autodiff (MindSpore drops it). PyNative makes what the bprop returns,
+    so there it is a 0-d zero where MindSpore takes one for any shape (``_compat.BPROP_TAKES_0D_GRADIENTS``), not a
+    zeros tensor of a weight's size; compiled code drops unused zeros itself. (MindSpore 2.7's PyNative CPU
+    ``ZerosLike`` has no bfloat16 kernel: those are made in float32 and cast.)"""
+    if compiled(v):
+        return ops.zeros_like(v)
+    if _compat.BPROP_TAKES_0D_GRADIENTS:
+        return ops.zeros((), v.dtype)
+    if v.dtype != ms.bfloat16:
         return ops.zeros_like(v)
     return ops.cast(ops.zeros(v.shape, ms.float32), v.dtype)
 

@@ -51,6 +51,32 @@ def test_variants(mode, beta, hard_weight, soft_weight, padded, backend):
             assert np.all(grads[name][~fin] == 0), f"{name}: padded columns must get no gradient"
 
 
+class _Scaled(nn.Cell):
+    """The loss times a constant and plus another term: the bprops get an incoming gradient other than 1."""
+
+    def __init__(self, loss_fn, factor):
+        super().__init__()
+        self.loss_fn, self.factor = loss_fn, factor
+
+    def construct(self, hs, ws, ht, wt, labels, bs, bt):
+        return self.factor * self.loss_fn(hs, ws, ht, wt, labels, bs, bt) + ops.reduce_sum(hs * hs)
+
+
+@pytest.mark.parametrize("backend", ["aot", "composite"])
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+def test_gradients_scale_with_the_incoming_gradient(mode, backend):
+    """The student's and the teacher's gradients are the chunk loop's times the incoming gradient (PyNative skips
+    the product only when that is 1)."""
+    c = case(seed=5)
+    args = (2.0, 0.5, 0.4, 1.0)
+    net = _Scaled(FusedLinearDistillationLoss(2.0, beta=0.5, hard_weight=0.4, chunk_size=3, backend=backend), -2.5)
+    value, grads = value_and_grads(net, c, mode)
+    np.testing.assert_allclose(value, -2.5 * reference_loss(c, *args) + np.sum(c["hs"] ** 2), rtol=1e-5)
+    for name, ref in reference_grads(c, *args).items():
+        ref = -2.5 * ref + (2 * c["hs"] if name == "hs" else 0.0)
+        np.testing.assert_allclose(grads[name], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max(), err_msg=name)
+
+
 def test_all_rows_ignored_gives_zero():
     c = case(labels_ignored=range(N))
     value, grads = value_and_grads(Net(FusedLinearDistillationLoss(2.0, chunk_size=3)), c, "pynative")
