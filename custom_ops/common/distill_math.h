@@ -96,6 +96,45 @@ DISTILL_HD void kl_merge(KlState *a, KlState b, double inv_t) {
   a->w += b.w;
 }
 
+// Symmetric KL in one pass: forward KL's state (P = teacher, Q = student) and the reverse direction's weighted
+// difference w_q = sum_j exp((q_j - m_q) / T) ((q_j - m_q) - (p_j - m_p)) against the same maxima, so
+// KL(P_s || P_t) = kl_from_sums(q, p, w_q) and every exponential serves both directions.
+struct SymState {
+  KlState k;
+  double w_q;
+};
+
+DISTILL_HD SymState sym_empty() { return SymState{kl_empty(), 0.0}; }
+
+// kl_move for both directions.
+DISTILL_HD void sym_move(SymState *s, double mp, double mq, double inv_t) {
+  const double zp_before = s->k.p.z, zq_before = s->k.q.z;
+  const double bp_before = safe_base(s->k.p.m), bq_before = safe_base(s->k.q.m);
+  const double fp = online_rescale(&s->k.p, mp, inv_t), fq = online_rescale(&s->k.q, mq, inv_t);
+  const double dp = safe_base(s->k.p.m) - bp_before, dq = safe_base(s->k.q.m) - bq_before;
+  s->k.w = kl_shift_sum(s->k.w, fp, zp_before, dp, dq);
+  s->w_q = kl_shift_sum(s->w_q, fq, zq_before, dq, dp);
+}
+
+DISTILL_HD void sym_merge(SymState *a, SymState b, double inv_t) {
+  const double mp = max_of(a->k.p.m, b.k.p.m), mq = max_of(a->k.q.m, b.k.q.m);
+  sym_move(a, mp, mq, inv_t);
+  sym_move(&b, mp, mq, inv_t);
+  a->k.p.z += b.k.p.z;
+  a->k.q.z += b.k.q.z;
+  a->k.w += b.k.w;
+  a->w_q += b.w_q;
+}
+
+// alpha KL(P_t || P_s) + (1 - alpha) KL(P_s || P_t) and class_terms' a = -alpha P_t + (1 - alpha) P_s (log P_s -
+// log P_t), b its mirror image, summed over the row (sum P = 1), from the row's SymState.
+DISTILL_HD void sym_result(const SymState &s, double alpha, double inv_t, double *d, double *sum_a, double *sum_b) {
+  const double fwd = kl_from_sums(s.k.p, s.k.q, s.k.w, inv_t), rev = kl_from_sums(s.k.q, s.k.p, s.w_q, inv_t);
+  *d = alpha * fwd + (1.0 - alpha) * rev;
+  *sum_a = (1.0 - alpha) * rev - alpha;
+  *sum_b = alpha * fwd - (1.0 - alpha);
+}
+
 DISTILL_HD void online_merge(Online *a, Online b, double inv_t) {
   const double m = max_of(a->m, b.m);
   online_rescale(a, m, inv_t);
@@ -142,7 +181,8 @@ DISTILL_HD int kind_of(double beta) { return beta == 0.0 ? 0 : beta == 1.0 ? 1 :
 //                                                                b = P_t (log P_t - log M) - alpha P_t^2 / M
 //   kSkewRkl    D = KL(P_s || M'), M' = alpha P_s + (1-alpha) P_t (the mirror image)
 //   kSymmetric  D = alpha KL(P_t || P_s) + (1-alpha) KL(P_s || P_t)
-// Like the JSD they read each row twice in the forward (both normalizers first) and use class_terms.
+// Like the JSD, TVD and the skews read each row twice in the forward (both normalizers first) and use class_terms;
+// kSymmetric's forward reads it once (SymState: both KL directions, each a one-pass sum).
 enum Kind : int { kFwdKl = 0, kRevKl = 1, kJsd = 2, kTvd = 3, kSkewKl = 4, kSkewRkl = 5, kSymmetric = 6 };
 
 // The kind of (beta, divergence code, alpha): code 0 is the 'kl' family.

@@ -5,10 +5,11 @@
 // Rows of V logits; a group of R threads owns a row and the groups stride over the rows: R = 32 (a warp, eight
 // rows per block) for small vocabularies, R = 256 (the block) otherwise. 128-bit loads and stores when every row
 // starts 16-byte aligned. Forward KL / reverse KL (kinds 0, 1): each thread keeps a distill::KlState of its
-// elements (one read of each row); every other kind (generalized JSD, TVD, skew KL / reverse KL, symmetric KL) keeps
-// both rows' log-sum-exp states, merges them, then sums distill::class_terms' term, a and b (two reads). States
-// merge across the group in a fixed order (warp shuffles, then the warps' states in shared memory), so results are
-// bitwise reproducible and independent of the grid; no atomics, no scratch memory.
+// elements (one read of each row), symmetric KL a distill::SymState (both directions from the same exponentials);
+// every other kind (generalized JSD, TVD, skew KL / reverse KL) keeps both rows' log-sum-exp states, merges them,
+// then sums distill::class_terms' term, a and b (two reads). States merge across the group in a fixed order (warp
+// shuffles, then the warps' states in shared memory), so results are bitwise reproducible and independent of the
+// grid; no atomics, no scratch memory.
 // Backward: the same groups, one pass writing the gradient(s) from the saved statistics (distill::grads_mix, the
 // kind a template argument).
 // The logits' transform (logit scale, soft cap) is applied on load, so maxima, sums and terms are those of the
@@ -134,23 +135,42 @@ __device__ __forceinline__ void for_each_pair(const T *s, const T *t, int64_t vo
 }
 
 // ------------------------------------------------------------------------------------------ forward
-// One row, forward KL or reverse KL: P = softmax(p / T) weights the difference, Q is the other (kl_from_sums).
-template <int R, bool kTf, typename T>
+// The one-pass kinds' row state: forward / reverse KL's KlState, symmetric KL's SymState (kSym).
+template <bool kSym> struct OnePass {
+  using State = KlState;
+  __device__ static KlState empty() { return kl_empty(); }
+  __device__ static KlState &kl(State &s) { return s; }
+  __device__ static void move(State *s, double mp, double mq, double inv_t) { kl_move(s, mp, mq, inv_t); }
+  __device__ static void merge(State *a, State b, double inv_t) { kl_merge(a, b, inv_t); }
+};
+template <> struct OnePass<true> {
+  using State = SymState;
+  __device__ static SymState empty() { return sym_empty(); }
+  __device__ static KlState &kl(State &s) { return s.k; }
+  __device__ static void move(State *s, double mp, double mq, double inv_t) { sym_move(s, mp, mq, inv_t); }
+  __device__ static void merge(State *a, State b, double inv_t) { sym_merge(a, b, inv_t); }
+};
+
+// One row, forward KL, reverse KL or (kSym) symmetric KL: P = softmax(p / T) weights the difference, Q is the other
+// (kl_from_sums); the teacher is P but for reverse KL; symmetric KL adds the reverse direction's sum (SymState).
+template <int R, bool kTf, bool kSym, typename T>
 __device__ __forceinline__ void forward_kl_row(const T *s, const T *t, int64_t vocab, const Hyper &h, int lane,
-                                               bool vec, KlState *part, float *stats) {
-  KlState k = kl_empty();
+                                               bool vec, typename OnePass<kSym>::State *part, float *stats) {
+  using Pass = OnePass<kSym>;
+  typename Pass::State st = Pass::empty();
+  KlState &k = Pass::kl(st);
   float bp = 0.0f, bq = 0.0f;                     // the exponents' bases: safe_base(k.p.m), safe_base(k.q.m)
   float lp = -INFINITY, lq = -INFINITY;           // a class above these moves the bases (kLazyRescale)
   float mp = -INFINITY, mq = -INFINITY;           // the true maxima
   const float lazy = kLazyRescale / h.inv_t;     // in logit units
-  const bool p_is_teacher = h.kind == kFwdKl;
+  const bool p_is_teacher = h.kind != kRevKl;
   for_each_pair<R>(s, t, vocab, lane, vec, [&](float zs, float zt) {
     const float vs = value<kTf>(h.f, zs), vt = value<kTf>(h.f, zt);
     const float vp = p_is_teacher ? vt : vs, vq = p_is_teacher ? vs : vt;
     mp = vp > mp ? vp : mp;
     mq = vq > mq ? vq : mq;
     if (vp > lp || vq > lq) {
-      kl_move(&k, max_of(k.p.m, vp), max_of(k.q.m, vq), h.inv_t);
+      Pass::move(&st, max_of(k.p.m, vp), max_of(k.q.m, vq), h.inv_t);
       bp = (float)safe_base(k.p.m);
       bq = (float)safe_base(k.q.m);
       lp = (float)k.p.m + lazy;
@@ -161,18 +181,28 @@ __device__ __forceinline__ void forward_kl_row(const T *s, const T *t, int64_t v
     k.p.z += ep;
     k.q.z += eq;
     k.w += ep > 0.0f ? ep * (dp - dq) : 0.0f;  // a class without P mass adds 0, whatever Q says
+    if constexpr (kSym) st.w_q += eq > 0.0f ? eq * (dq - dp) : 0.0f;
   });
-  kl_move(&k, mp, mq, h.inv_t);  // to the true maxima (a no-op where a base already is one)
+  Pass::move(&st, mp, mq, h.inv_t);  // to the true maxima (a no-op where a base already is one)
   const double inv_t = h.inv_t;
-  k = group_reduce<R>(k, [inv_t](KlState *a, KlState b) { kl_merge(a, b, inv_t); }, kl_empty(), part);
+  st = group_reduce<R>(st, [inv_t](typename Pass::State *a, typename Pass::State b) { Pass::merge(a, b, inv_t); },
+                       Pass::empty(), part);
   if (lane == 0) {
-    const double d = kl_from_sums(k.p, k.q, k.w, h.inv_t);
     const Online os = p_is_teacher ? k.q : k.p, ot = p_is_teacher ? k.p : k.q;
-    stats[kLoss] = (float)((double)h.t_sq * d);
+    if constexpr (kSym) {
+      double sym, sum_a, sum_b;
+      sym_result(st, h.mix.alpha, h.inv_t, &sym, &sum_a, &sum_b);
+      stats[kLoss] = (float)((double)h.t_sq * sym);
+      stats[kSumA] = (float)sum_a;
+      stats[kSumB] = (float)sum_b;
+    } else {
+      const double d = kl_from_sums(k.p, k.q, k.w, h.inv_t);
+      stats[kLoss] = (float)((double)h.t_sq * d);
+      stats[kSumA] = p_is_teacher ? 0.0f : (float)d;
+      stats[kSumB] = p_is_teacher ? (float)d : 0.0f;
+    }
     stats[kLogZStudent] = (float)log(os.z);
     stats[kLogZTeacher] = (float)log(ot.z);
-    stats[kSumA] = p_is_teacher ? 0.0f : (float)d;
-    stats[kSumB] = p_is_teacher ? (float)d : 0.0f;
     stats[kMaxStudent] = (float)safe_base(os.m);
     stats[kMaxTeacher] = (float)safe_base(ot.m);
     stats[7] = 0.0f;
@@ -283,37 +313,47 @@ __device__ __forceinline__ void forward_terms_row(const T *s, const T *t, int64_
   forward_sums<R, kTf>(s, t, vocab, h, lane, vec, sum_part, stats, ms, mt, lzs, lzt);
 }
 
-// The rows of one block, with or without the transform (kTf).
-template <int R, bool kTf, typename T>
+// The rows of one block, with or without the transform (kTf); kSym: the symmetric KL forward's kernel, else every
+// other call's.
+template <int R, bool kTf, bool kSym, typename T>
 __device__ __forceinline__ void forward_rows(const T *s, const T *t, float *stats, int64_t rows, int64_t vocab,
-                                             bool vec, const Hyper &h, KlState *kl_part, Normalizers *norm_part,
-                                             Sums *sum_part, int op, const float *given) {
+                                             bool vec, const Hyper &h, KlState *kl_part, SymState *sym_part,
+                                             Normalizers *norm_part, Sums *sum_part, int op, const float *given) {
   constexpr int kGroups = kThreads / R;
   const int lane = threadIdx.x % R;
   const bool one_pass = op == kForward && (h.kind == kFwdKl || h.kind == kRevKl);
   for (int64_t row = (int64_t)blockIdx.x * kGroups + threadIdx.x / R; row < rows; row += (int64_t)gridDim.x * kGroups) {
     const int64_t off = row * vocab;
-    if (one_pass)
-      forward_kl_row<R, kTf>(s + off, t + off, vocab, h, lane, vec, kl_part, stats + row * kStats);
+    if constexpr (kSym)
+      forward_kl_row<R, kTf, true>(s + off, t + off, vocab, h, lane, vec, sym_part, stats + row * kStats);
+    else if (one_pass)
+      forward_kl_row<R, kTf, false>(s + off, t + off, vocab, h, lane, vec, kl_part, stats + row * kStats);
     else
       forward_terms_row<R, kTf>(s + off, t + off, vocab, h, lane, vec, norm_part, sum_part, stats + row * kStats,
                                 op, given ? given + row * kStats : nullptr);
   }
 }
 
+// The forward is a pair of kernels, launched one after the other: kSym = true runs symmetric KL's forward (one pass,
+// SymState), kSym = false every other call; each returns at once on the other's calls (the divergence is in device
+// memory, where the host does not look). One kernel with both paths needed more registers, which slowed the
+// bfloat16 forward of the other kinds by up to a third on an H200.
 // No __launch_bounds__: with it nvcc capped these kernels at 64 registers and spilled; they need more.
-template <typename T, int R>
+template <typename T, int R, bool kSym>
 __global__ void distill_fwd(const T *__restrict__ s, const T *__restrict__ t, const double *__restrict__ hyper,
                             int nhyper, float *__restrict__ stats, int64_t rows, int64_t vocab, bool vec, int op,
                             const float *__restrict__ given) {
-  __shared__ KlState kl_part[kThreads / 32];
-  __shared__ Normalizers norm_part[kThreads / 32];
-  __shared__ Sums sum_part[kThreads / 32];
   const Hyper h = read_hyper(hyper, nhyper);
+  if ((op == kForward && h.kind == kSymmetric) != kSym) return;
+  __shared__ KlState kl_part[kSym ? 1 : kThreads / 32];
+  __shared__ SymState sym_part[kSym ? kThreads / 32 : 1];
+  __shared__ Normalizers norm_part[kSym ? 1 : kThreads / 32];
+  __shared__ Sums sum_part[kSym ? 1 : kThreads / 32];
   if (h.f.active)
-    forward_rows<R, true>(s, t, stats, rows, vocab, vec, h, kl_part, norm_part, sum_part, op, given);
+    forward_rows<R, true, kSym>(s, t, stats, rows, vocab, vec, h, kl_part, sym_part, norm_part, sum_part, op, given);
   else
-    forward_rows<R, false>(s, t, stats, rows, vocab, vec, h, kl_part, norm_part, sum_part, op, given);
+    forward_rows<R, false, kSym>(s, t, stats, rows, vocab, vec, h, kl_part, sym_part, norm_part, sum_part, op,
+                                 given);
 }
 
 // ------------------------------------------------------------------------------------------ backward
@@ -416,8 +456,11 @@ static int launch(int op, void **params, int nhyper, int64_t rows, int64_t vocab
   const bool rows_aligned = (vocab * (int64_t)sizeof(T)) % 16 == 0 && aligned16(s) && aligned16(t);
   if (is_forward(op)) {
     const float *given = op == kGiven ? static_cast<const float *>(params[3]) : nullptr;
-    KLDIV_LAUNCH((unsigned)blocks, kThreads, 0, stream, distill_fwd<T, R>)(s, t, hyper, nhyper, stats, rows,
-                                                                           vocab, rows_aligned, op, given);
+    KLDIV_LAUNCH((unsigned)blocks, kThreads, 0, stream, distill_fwd<T, R, false>)(s, t, hyper, nhyper, stats, rows,
+                                                                                  vocab, rows_aligned, op, given);
+    if (op == kForward)
+      KLDIV_LAUNCH((unsigned)blocks, kThreads, 0, stream, distill_fwd<T, R, true>)(s, t, hyper, nhyper, stats, rows,
+                                                                                   vocab, rows_aligned, op, given);
   } else {
     T *ds = ds_param(op) >= 0 ? static_cast<T *>(params[ds_param(op)]) : nullptr;
     T *dt = dt_param(op) >= 0 ? static_cast<T *>(params[dt_param(op)]) : nullptr;
