@@ -352,9 +352,9 @@ class _TeacherGradients(nn.Cell):
     def bprop(self, hs, ws, bs, ht, wt, bt, labels, weights, count, out, dout):
         loop = self.teacher_loop if compiled(hs) else self.teacher_loop_pynative
         _, _, _, _, dh_t, dw_t, db_t = loop(hs, ws, bs, *_cut(ht, wt, bt), labels, weights, count)
-        return (_discarded(hs), _discarded(ws), _discarded(bs), _scaled(dh_t, dout, ht.dtype),
-                _scaled(dw_t, dout, wt.dtype), _scaled(db_t, dout, bt.dtype), _discarded(labels),
-                _discarded(weights), _discarded(count))
+        return ((_discarded(hs), _discarded(ws), _discarded(bs))
+                + _scaled((dh_t, dw_t, db_t), dout, (ht.dtype, wt.dtype, bt.dtype))
+                + (_discarded(labels), _discarded(weights), _discarded(count)))
 
 
 class _WithGradients(nn.Cell):
@@ -366,19 +366,19 @@ class _WithGradients(nn.Cell):
         return loss
 
     def bprop(self, hs, ws, bs, ht, wt, bt, loss, dh_s, dw_s, db_s, out, dout):
-        grads = (_scaled(dh_s, dout, hs.dtype), _scaled(dw_s, dout, ws.dtype), _scaled(db_s, dout, bs.dtype))
+        grads = _scaled((dh_s, dw_s, db_s), dout, (hs.dtype, ws.dtype, bs.dtype))
         return grads + tuple(_discarded(v) for v in (ht, wt, bt, loss, dh_s, dw_s, db_s))
 
 
-def _scaled(grad, dout, dtype):
-    """A bprop's ``grad * dout`` in ``dtype``. PyNative runs each op on its own, so there a ``dout`` of 1 (the loss
-    differentiated directly) and a cast to the same dtype are skipped: each would copy a weight-sized gradient
-    (reading ``dout`` waits for it: once per backward pass)."""
-    if compiled(grad):
-        return ops.cast(grad * dout, dtype)
-    if float(dout.asnumpy()) != 1.0:
-        grad = grad * dout
-    return grad if grad.dtype == dtype else ops.cast(grad, dtype)
+def _scaled(grads, dout, dtypes):
+    """A bprop's ``grad * dout`` for each of ``grads``, in its dtype of ``dtypes``. PyNative runs each op on its own,
+    so there a ``dout`` of 1 (the loss differentiated directly) and a cast to the same dtype are skipped: each would
+    copy a weight-sized gradient (reading ``dout`` waits for it: once per bprop)."""
+    if compiled(dout):
+        return tuple(ops.cast(g * dout, d) for g, d in zip(grads, dtypes))
+    one = float(dout.asnumpy()) == 1.0
+    scaled = (g if one else g * dout for g in grads)
+    return tuple(g if g.dtype == d else ops.cast(g, d) for g, d in zip(scaled, dtypes))
 
 
 def _discarded(v):
