@@ -1,8 +1,8 @@
 """The fused distillation kernels of libkldiv_cuda.so (custom_ops/gpu/distill_cuda.cu) on a real GPU, through
 their AOT entry points (ctypes + torch CUDA tensors), against the float64 reference: statistics and both
 gradients for every divergence and half/float32 dtype, a warp per row and a block per row, ignored rows, and
-bitwise determinism; the loss menu's divergences at LLM vocabularies. Skips cleanly without torch or a CUDA device (the same calls run on the CUDA-on-CPU stand-in
-in test_cuda_distill_sim.py on every machine)."""
+bitwise determinism; the loss menu's divergences at LLM vocabularies. Skips cleanly without torch or a CUDA device
+(the same calls run on the CUDA-on-CPU stand-in in test_cuda_distill_sim.py on every machine)."""
 import numpy as np
 import pytest
 
