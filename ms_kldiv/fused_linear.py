@@ -422,7 +422,9 @@ class FusedLinearDistillationLoss(nn.Cell):
         chunk_bytes (int, optional): Memory budget, in bytes, for one chunk's logits of both models in float32 (the
             chunk's own temporaries are a small multiple of it; the gradient buffers of the weights come on top):
             the rows per chunk are as many as fit. Default: ``None``: 256 rows, fewer where their logits would
-            exceed 256 MB (V > 131,072). Give ``chunk_size`` or ``chunk_bytes``, not both.
+            exceed 256 MB (V > 131,072); in the CPU head kernel as many rows as fit 128 MB, at least 128, but
+            with float32 weights never over 192 MB (96 rows at V = 262,144). Give ``chunk_size`` or
+            ``chunk_bytes``, not both.
         teacher_grad (bool, optional): ``None`` (default) gives the teacher's hidden states, weight and bias
             their gradients, computed only when used (a second pass over the chunks; no work for a frozen teacher);
             ``False`` declares the teacher frozen (its gradients are zeros, no work).

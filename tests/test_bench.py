@@ -197,3 +197,8 @@ def test_fused_linear_subcommand_smoke(tmp_path):
     assert {r["row"] for r in records} == {"fused", "fused_pynative", "fused_loop", "matmuls", "kernels",
                                            "composition"}
     assert all(r["compile_seconds"] >= 0 for r in records) and "time vs matmuls + kernels" in stdout
+    # each head row also ran at the tiny size; its peak there (the framework's first call) is taken off the row's
+    heads = [r for r in records if r["row"].startswith("fused")]
+    assert len(heads) == 3 and "head's own peak" in stdout
+    for r in heads:
+        assert r["first_call_bytes"] > 0 and r["own_peak_bytes"] == max(0, r["peak_bytes"] - r["first_call_bytes"])

@@ -10,7 +10,7 @@ from mindspore import nn, ops
 
 from ms_kldiv.fused_linear import FusedLinearDistillationLoss, default_chunk_size
 
-from conftest import graph_mode
+from conftest import HEAD_KERNEL_MISSING, graph_mode
 from _head_checks import H_S, H_T, N, V, Net, case, central, reference_grads, reference_loss, tensors, \
     value_and_grads
 
@@ -176,6 +176,29 @@ def test_default_chunk_bounds_the_logits():
     assert default_chunk_size(-1, 151936) * 151936 * 2 * 4 <= 256 * 2**20
     assert default_chunk_size(3, 10) == 3
     assert default_chunk_size(10, 10**9) == 1
+
+
+@pytest.mark.skipif(HEAD_KERNEL_MISSING is not None, reason=str(HEAD_KERNEL_MISSING))
+def test_head_kernel_chunk_rows():
+    """The CPU head kernel's own rule (KLDivHeadChunkRows): both models' float32 logits within 128 MB, at least 128
+    rows, at most CHUNK_ROWS, and with float32 weights never over 192 MB; a given size or budget alone otherwise."""
+    from ms_kldiv.backends import get_distill_kernels
+    from ms_kldiv.backends.head import head_chunk_rows
+    from ms_kldiv.fused_linear import CHUNK_ROWS
+    lib = get_distill_kernels("auto")[1].lib_path
+
+    def rows(n, v, **kw):
+        return head_chunk_rows(lib, n, v, CHUNK_ROWS, **kw)
+    assert rows(4096, 32000) == CHUNK_ROWS == 256  # 128 MB would be 524 rows
+    assert rows(8192, 131072) == 128                # 128 MB
+    assert rows(8192, 151936) == 128                # the floor (128 MB is 110 rows)
+    assert rows(4096, 262144) == 96                 # the ceiling: 192 MB, the floor gives way
+    assert rows(4096, 262144, half_weights=True) == 128
+    assert rows(4096, 2**20) == 24 and rows(4096, 2**30) == 1
+    assert rows(50, 262144) == 50 and rows(0, 262144) == 1
+    assert rows(4096, 262144, chunk_size=7) == 7 and rows(3, 262144, chunk_size=7) == 3
+    assert rows(4096, 262144, chunk_bytes=8 * 262144 * 300) == 300  # the user's budget: no floor, cap or ceiling
+    assert rows(4096, 262144, chunk_bytes=1) == 1
 
 
 class _HalfHead(nn.Cell):

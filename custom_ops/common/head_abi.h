@@ -5,9 +5,9 @@
 // Inputs 0-9 (both kernels): 0 hs [N, H], 1 ws [V, H], 2 bs [V] or 0-d (no bias), 3 ht [N, Ht], 4 wt [V, Ht],
 //   5 bt [V] or 0-d: hidden states and weights float32 / float16 / bfloat16 (each its own), biases float32;
 //   6 labels int32 [N], 7 weights float32 [N] (each row's weight), 8 count float32 0-d (the means divide by it:
-//   scale = 1 / count, 0 when count <= 0), 9 hyper float64 [16] (head_cpu.cc's enum Hyper: the distillation
+//   scale = 1 / count, 0 when count <= 0), 9 hyper float64 [17] (head_cpu.cc's enum Hyper: the distillation
 //   kernels' six, then ignore_index, hard_weight, soft_weight, z_loss, label_smoothing, chunk rows (0: from the
-//   budget), mark, chunk bytes, chunk cap, chunk floor).
+//   budget), mark, chunk bytes, chunk cap, chunk floor, chunk ceiling in bytes).
 //   HeadStudent      nparam 14: outputs 10 loss float32 [1], 11 d hs float32 [N, H], 12 d ws float32 [V, H],
 //                    13 d bs float32 (bs' shape, [1] for none)
 //   HeadTeacher      nparam 13: outputs 10 d ht, 11 d wt, 12 d bt (float32, the inputs' shapes, [1] for no bias)
@@ -25,3 +25,6 @@
 
 // 1 when the head kernels can run: MindSpore's libdnnl is loaded and has dnnl_sgemm (Python checks before use).
 KLDIV_EXPORT int KLDivHeadReady(void);
+// The rows per chunk the head kernels take for N rows and vocabulary V under `hyper` (input 9); half_weights: 1 when
+// both weights are float16 / bfloat16.
+KLDIV_EXPORT int64_t KLDivHeadChunkRows(const double *hyper, int64_t n, int64_t v, int half_weights);

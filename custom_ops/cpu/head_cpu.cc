@@ -33,7 +33,7 @@ using kldiv::cpu::DistillJob;
 // hyper: the distillation kernels' six, then the head's.
 enum Hyper : int {
   kIgnoreIndex = 6, kHardWeight = 7, kSoftWeight = 8, kZLoss = 9, kLabelSmoothing = 10, kChunkRows = 11,
-  kMark = 12, kChunkBytes = 13, kChunkCap = 14, kChunkFloor = 15, kHyper = 16
+  kMark = 12, kChunkBytes = 13, kChunkCap = 14, kChunkFloor = 15, kChunkCeiling = 16, kHyper = 17
 };
 
 // ------------------------------------------------------------------------------------------ dnnl_sgemm
@@ -274,6 +274,27 @@ void hard_part(void *ctx, int part, int parts) {
   }
 }
 
+}  // namespace
+
+// Rows per chunk: given, or as many as keep both models' float32 logits within the budget, between the floor (fewer
+// rows re-read the weights per chunk more often than the products can hide) and the cap, and, unless both weights
+// are half precision, never so many that the logits pass the ceiling (the floor gives way there: the logits are what
+// the head adds to the weight gradient). Half-precision weights are converted block by block in every chunk, so
+// smaller chunks cost them more (96 rows: 1.10-1.18x at V = 262144 against 1.02-1.03x), and with 128 rows their
+// peak already stays within the target the ceiling is for (docs/distillation.md).
+KLDIV_EXPORT int64_t KLDivHeadChunkRows(const double *hyper, int64_t n, int64_t v, int half_weights) {
+  if (hyper[kChunkRows] > 0) return std::max<int64_t>(1, std::min<int64_t>(std::max<int64_t>(n, 1), hyper[kChunkRows]));
+  const int64_t row_bytes = std::max<int64_t>(8 * v, 1);
+  const int64_t fit = std::max<int64_t>(1, static_cast<int64_t>(hyper[kChunkBytes]) / row_bytes);
+  const int64_t under_ceiling =
+      half_weights ? INT64_MAX : std::max<int64_t>(1, static_cast<int64_t>(hyper[kChunkCeiling]) / row_bytes);
+  const int64_t rows = std::min({static_cast<int64_t>(hyper[kChunkCap]), under_ceiling,
+                                 std::max(static_cast<int64_t>(hyper[kChunkFloor]), fit)});
+  return std::max<int64_t>(1, std::min<int64_t>(std::max<int64_t>(n, 1), rows));
+}
+
+namespace {
+
 int run(bool student, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   if (nparam != (student ? 14 : 13) || ndims[0] != 2 || ndims[1] != 2 || ndims[3] != 2 || ndims[4] != 2) return 1;
   if (strcmp(dtypes[9], "float64") != 0 || strcmp(dtypes[6], "int32") != 0 || !sgemm()) return 1;
@@ -307,14 +328,7 @@ int run(bool student, int nparam, void **params, int *ndims, int64_t **shapes, c
   const int64_t ignore_index = static_cast<int64_t>(hyper[kIgnoreIndex]);
   const double hard_weight = student ? hyper[kHardWeight] : 0.0, soft_weight = hyper[kSoftWeight];
   const bool mark = hyper[kMark] != 0.0;
-  // rows per chunk: given, or as many as keep both models' float32 logits within the budget, between the floor
-  // (fewer rows re-read the weights per chunk more often than the products can hide) and the cap
-  const int64_t fit = static_cast<int64_t>(hyper[kChunkBytes]) / std::max<int64_t>(8 * v, 1);
-  const int64_t by_bytes = std::min(static_cast<int64_t>(hyper[kChunkCap]),
-                                    std::max(static_cast<int64_t>(hyper[kChunkFloor]), std::max<int64_t>(1, fit)));
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(std::max<int64_t>(n, 1), hyper[kChunkRows] > 0
-                                                                   ? static_cast<int64_t>(hyper[kChunkRows])
-                                                                   : by_bytes));
+  const int64_t chunk = KLDivHeadChunkRows(hyper, n, v, models[0].w.dtype != kF32 && models[1].w.dtype != kF32);
   if (v == 0 || n == 0) {  // no products: zero gradients, a zero loss
     memset(grads.dhidden, 0, sizeof(float) * n * grads.w.cols);
     memset(grads.dw, 0, sizeof(float) * v * grads.w.cols);

@@ -22,6 +22,10 @@ HEAD_CHUNK_BYTES = 128 * 2**20
 #: ... but never fewer rows than this by default: each chunk re-reads both [V, H] weights and reads and writes the
 #: weight gradient, traffic that the products of fewer rows no longer hide (measured at V = 262144).
 HEAD_CHUNK_FLOOR = 128
+#: ... unless their logits would pass this (float32 weights): the head's peak is the weight gradient plus this
+#: scratch, d(hidden) and a few MB, and Liger's target for it is one weight gradient + 256 MB (96-row chunks at
+#: V = 262144; head_cpu.cc's KLDivHeadChunkRows says why half-precision weights keep the floor).
+HEAD_CHUNK_CEILING = 192 * 2**20
 
 _INPUTS = ("hs", "ws", "bs", "ht", "wt", "bt", "labels", "weights", "count", "hyper")
 
@@ -46,13 +50,9 @@ class AotFusedHead(nn.Cell):
                  hard_options, chunk_size, chunk_bytes, mark, chunk_cap):
         super().__init__()
         self.student = student
-        by_default = chunk_size is None and chunk_bytes is None
         self.hyper = ms.Tensor(hyper(temperature, beta, variant) + (
             float(ignore_index), float(hard_weight), float(soft_weight), float(hard_options[0]),
-            float(hard_options[1]), float(chunk_size or 0), float(mark),
-            float(HEAD_CHUNK_BYTES if by_default else chunk_bytes or 0), float(chunk_cap if by_default else 2**40),
-            float(HEAD_CHUNK_FLOOR if by_default else 1)),
-            ms.float64)
+            float(hard_options[1])) + _chunk_hyper(chunk_size, chunk_bytes, mark, chunk_cap), ms.float64)
         name = "HeadStudent" if student else "HeadTeacher"
         outputs = ("loss", "dhs", "dws", "dbs") if student else ("dht", "dwt", "dbt")
         # (a function, not a tuple: the one form MindSpore's graph-mode type inference takes with dynamic shapes)
@@ -68,6 +68,26 @@ class AotFusedHead(nn.Cell):
             return ops.reshape(loss, ()), dhs, dws, _bias_grad(dbs, bs), zero, zero, zero
         dht, dwt, dbt = out
         return zero, zero, zero, zero, dht, dwt, _bias_grad(dbt, bt)
+
+
+def _chunk_hyper(chunk_size, chunk_bytes, mark, chunk_cap):
+    """The kernel's hyper entries from ``kChunkRows`` on (head_cpu.cc): the rows given, the NaN mark, and the
+    budget, cap, floor and ceiling its rows per chunk come from (the defaults, or the user's ``chunk_bytes`` alone)."""
+    by_default = chunk_size is None and chunk_bytes is None
+    return (float(chunk_size or 0), float(mark), float(HEAD_CHUNK_BYTES if by_default else chunk_bytes or 0),
+            float(chunk_cap if by_default else 2**40), float(HEAD_CHUNK_FLOOR if by_default else 1),
+            float(HEAD_CHUNK_CEILING if by_default else 2**62))
+
+
+def head_chunk_rows(lib_path, rows, vocab, chunk_cap, chunk_size=None, chunk_bytes=None, half_weights=False):
+    """The rows per chunk the head kernel of ``lib_path`` takes for ``rows`` x ``vocab`` logits (the kernel's own
+    rule, ``KLDivHeadChunkRows``); ``chunk_cap``: the head's ``CHUNK_ROWS``; ``half_weights``: both weights
+    float16 / bfloat16."""
+    fn = ctypes.CDLL(lib_path).KLDivHeadChunkRows
+    fn.restype = ctypes.c_int64
+    fn.argtypes = (ctypes.POINTER(ctypes.c_double), ctypes.c_int64, ctypes.c_int64, ctypes.c_int)
+    values = (0.0,) * 11 + _chunk_hyper(chunk_size, chunk_bytes, False, chunk_cap)
+    return fn((ctypes.c_double * len(values))(*values), rows, vocab, int(half_weights))
 
 
 def _float32s(count):
