@@ -280,17 +280,18 @@ void hard_part(void *ctx, int part, int parts) {
 // rows re-read the weights per chunk more often than the products can hide) and the cap, and, unless both weights
 // are half precision, never so many that the logits pass the ceiling (the floor gives way there: the logits are what
 // the head adds to the weight gradient). Half-precision weights are converted block by block in every chunk, so
-// smaller chunks cost them more (96 rows: 1.10-1.18x at V = 262144 against 1.02-1.03x), and with 128 rows their
-// peak already stays within the target the ceiling is for (docs/distillation.md).
+// smaller chunks cost them more, and with the floor's rows their peak already stays within the target the ceiling
+// is for (both measured in docs/distillation.md).
 KLDIV_EXPORT int64_t KLDivHeadChunkRows(const double *hyper, int64_t n, int64_t v, int half_weights) {
-  if (hyper[kChunkRows] > 0) return std::max<int64_t>(1, std::min<int64_t>(std::max<int64_t>(n, 1), hyper[kChunkRows]));
+  const int64_t most = std::max<int64_t>(n, 1);
+  if (hyper[kChunkRows] > 0) return std::max<int64_t>(1, std::min<int64_t>(most, hyper[kChunkRows]));
   const int64_t row_bytes = std::max<int64_t>(8 * v, 1);
   const int64_t fit = std::max<int64_t>(1, static_cast<int64_t>(hyper[kChunkBytes]) / row_bytes);
   const int64_t under_ceiling =
       half_weights ? INT64_MAX : std::max<int64_t>(1, static_cast<int64_t>(hyper[kChunkCeiling]) / row_bytes);
   const int64_t rows = std::min({static_cast<int64_t>(hyper[kChunkCap]), under_ceiling,
                                  std::max(static_cast<int64_t>(hyper[kChunkFloor]), fit)});
-  return std::max<int64_t>(1, std::min<int64_t>(std::max<int64_t>(n, 1), rows));
+  return std::max<int64_t>(1, std::min<int64_t>(most, rows));
 }
 
 namespace {

@@ -11,7 +11,7 @@ is not run, and the memory it needs (its logits, their softmaxes and gradients: 
 the first size where it ran, else 5 x 4 bytes) is printed instead.
 
 The resident set also counts what the framework takes on a step's first call whatever the sizes (graph compile,
-kernel objects, thread pools: about 0.08 GB in GRAPH_MODE and 0.04 GB in PyNative on CPU). Each head row is
+kernel objects, thread pools; more in GRAPH_MODE than in PyNative). Each head row is
 therefore also run once at ``TINY`` and its peak there printed beside the row's and taken off it: the rest is the
 head's own memory, what Liger's target (one weight gradient + 256 MB, from torch's allocator, which counts tensors
 only) bounds."""
@@ -187,8 +187,8 @@ def main(argv=None):
     records = []
     per_element = None  # the unchunked composition's peak bytes per N x V element, once measured
     fixed = {}  # (row, dtype) -> the row's peak at TINY: the framework's first-call memory
-    print("| N x H x V | dtype | row | compile s | fwd+bwd s | peak above inputs | first call at TINY | head's own peak "
-          "| time vs matmuls + kernels |")
+    print("| N x H x V | dtype | row | compile s | fwd+bwd s | peak above inputs | first call at TINY "
+          "| head's own peak | time vs matmuls + kernels |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|")
     for size in args.sizes.split(","):
         n, h, v = (int(p) for p in size.split("x"))
