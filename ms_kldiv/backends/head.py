@@ -28,6 +28,9 @@ HEAD_CHUNK_FLOOR = 128
 HEAD_CHUNK_CEILING = 192 * 2**20
 
 _INPUTS = ("hs", "ws", "bs", "ht", "wt", "bt", "labels", "weights", "count", "hyper")
+#: Where the chunk entries start in the kernel's hyper (head_cpu.cc's kChunkRows): after the distillation kernels'
+#: six and the head's five.
+_CHUNK_HYPER_AT = 11
 
 
 @functools.lru_cache(maxsize=None)
@@ -86,7 +89,7 @@ def head_chunk_rows(lib_path, rows, vocab, chunk_cap, chunk_size=None, chunk_byt
     fn = ctypes.CDLL(lib_path).KLDivHeadChunkRows
     fn.restype = ctypes.c_int64
     fn.argtypes = (ctypes.POINTER(ctypes.c_double), ctypes.c_int64, ctypes.c_int64, ctypes.c_int)
-    values = (0.0,) * 11 + _chunk_hyper(chunk_size, chunk_bytes, False, chunk_cap)
+    values = (0.0,) * _CHUNK_HYPER_AT + _chunk_hyper(chunk_size, chunk_bytes, False, chunk_cap)
     return fn((ctypes.c_double * len(values))(*values), rows, vocab, int(half_weights))
 
 
