@@ -261,12 +261,11 @@ DISTILL_HD float reciprocal_normal(float x) {
 #endif
 }
 
-// The per-class exp, log and reciprocal of class_terms and grads_mix. kFast (the CUDA backward): on the device the
-// special-function unit's approximations (__expf: relative error about (2 + 1.2 |x|) 2^-23; __logf: about 2^-22
-// absolute; __fdividef: 2 ulp), a few instructions each for the accurate functions' dozen or more, which made
-// the backward of the mixture kinds compute-bound on an H200 (with them every kind's backward runs at 0.9-1.0x the
-// copy rate). Without kFast, and off the device, the accurate functions (the forward keeps those: there the fast
-// ones did not pay).
+// The per-class exp, log and reciprocal of class_terms and grads_mix. kFast (the CUDA backward and the second pass
+// of the two-pass forward): on the device the special-function unit's approximations (__expf: relative error about
+// (2 + 1.2 |x|) 2^-23; __logf: about 2^-22 absolute; __fdividef: 2 ulp), a few instructions each for the accurate
+// functions' dozen or more, which made those loops compute-bound on an H200. Without kFast, and off the device, the
+// accurate functions: the normalizers (log Z, shared by every kind and by the vocabulary-parallel pieces) keep them.
 template <bool kFast>
 DISTILL_HD double class_exp(double x) { return exp(x); }
 template <bool kFast>

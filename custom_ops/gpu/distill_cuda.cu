@@ -7,9 +7,10 @@
 // starts 16-byte aligned. Forward KL / reverse KL (kinds 0, 1): each thread keeps a distill::KlState of its
 // elements (one read of each row), symmetric KL a distill::SymState (both directions from the same exponentials);
 // every other kind (generalized JSD, TVD, skew KL / reverse KL) keeps both rows' log-sum-exp states, merges them,
-// then sums distill::class_terms' term, a and b (two reads). States merge across the group in a fixed order (warp
-// shuffles, then the warps' states in shared memory), so results are bitwise reproducible and independent of the
-// grid; no atomics, no scratch memory.
+// then sums distill::class_terms' term, a and b (two reads; the second pass's kind is a template argument and its
+// exp, log and reciprocal the device's fast ones, as in the backward). States merge across the group in a fixed
+// order (warp shuffles, then the warps' states in shared memory), so results are bitwise reproducible and
+// independent of the grid; no atomics, no scratch memory.
 // Backward: the same groups, one pass writing the gradient(s) from the saved statistics (distill::grads_mix, the
 // kind a template argument).
 // The logits' transform (logit scale, soft cap) is applied on load, so maxima, sums and terms are those of the
@@ -25,6 +26,7 @@
 #include <string.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "distill_abi.h"
 #include "kldiv_device.cuh"
@@ -253,16 +255,17 @@ __device__ __forceinline__ void forward_normalizers(const T *s, const T *t, int6
 }
 
 // The sums of class_terms' term, a and b over one row, from both normalizers (the second pass), into its stats.
-template <int R, bool kTf, typename T>
+// kKind: the kind, or -1 to read it from h.
+template <int R, bool kTf, int kKind, typename T>
 __device__ __forceinline__ void forward_sums(const T *s, const T *t, int64_t vocab, const Hyper &h, int lane,
                                              bool vec, Sums *sum_part, float *stats, float ms, float mt, float lzs,
                                              float lzt) {
   Sums sums{0.0, 0.0, 0.0};
-  const int kind = h.kind;
+  const int kind = kKind >= 0 ? kKind : h.kind;
   for_each_pair<R>(s, t, vocab, lane, vec, [&](float zs, float zt) {
     float term, a, b;
-    class_terms(kind, (value<kTf>(h.f, zs) - ms) * h.inv_t - lzs, (value<kTf>(h.f, zt) - mt) * h.inv_t - lzt, h.mix,
-                &term, &a, &b);
+    class_terms<true>(kind, (value<kTf>(h.f, zs) - ms) * h.inv_t - lzs, (value<kTf>(h.f, zt) - mt) * h.inv_t - lzt,
+                      h.mix, &term, &a, &b);
     sums.term += term;
     sums.a += a;
     sums.b += b;
@@ -310,7 +313,18 @@ __device__ __forceinline__ void forward_terms_row(const T *s, const T *t, int64_
       return;
     }
   }
-  forward_sums<R, kTf>(s, t, vocab, h, lane, vec, sum_part, stats, ms, mt, lzs, lzt);
+  // One loop per two-pass kind: with the kind read per class, its branches and registers weighed on every kind.
+  // The one-pass kinds come here only as vocabulary-parallel pieces (kGiven), through the generic loop (-1).
+  const auto sums = [&](auto kind) {
+    forward_sums<R, kTf, decltype(kind)::value>(s, t, vocab, h, lane, vec, sum_part, stats, ms, mt, lzs, lzt);
+  };
+  switch (h.kind) {
+    case kJsd: sums(std::integral_constant<int, kJsd>()); break;
+    case kTvd: sums(std::integral_constant<int, kTvd>()); break;
+    case kSkewKl: sums(std::integral_constant<int, kSkewKl>()); break;
+    case kSkewRkl: sums(std::integral_constant<int, kSkewRkl>()); break;
+    default: sums(std::integral_constant<int, -1>()); break;
+  }
 }
 
 // The rows of one block, with or without the transform (kTf); kSym: the symmetric KL forward's kernel, else every
