@@ -37,9 +37,11 @@ CXX_FLAGS = ["-O3", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-DNDEBUG",
              # Vectorize log/exp through libmvec and let if-converted selects vectorize; inf/NaN semantics
              # stay IEEE (no -ffast-math / -ffinite-math-only: the zero-mass rule relies on -inf and NaN).
              "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd"]
-# Volta..Hopper SASS plus compute_90 PTX (JIT-compiled by newer drivers). Newer toolkits drop old targets
-# (CUDA 13 has no sm_70), so the list is cut to what this nvcc supports (see nvcc_arch_flags).
-CUDA_ARCHS = ("70", "75", "80", "86", "89", "90")
+# Volta, Turing, Ampere and Hopper SASS plus compute_90 PTX (JIT-compiled by newer drivers). sm_86 and sm_89 GPUs
+# run sm_80's SASS (a cubin runs on every later minor version of its major one), so they get no build of their own:
+# each architecture is a whole compile of every kernel. Newer toolkits drop old targets (CUDA 13 has no sm_70), so
+# the list is cut to what this nvcc supports (see nvcc_arch_flags).
+CUDA_ARCHS = ("70", "75", "80", "90")
 CUDA_PTX_ARCH = "90"
 # The ABI is extern "C"; libstdc++'s templates (std::unique_lock, vector copies) carry default visibility despite
 # -fvisibility=hidden and would otherwise be exported as weak C++ symbols. This linker script keeps them local.

@@ -245,12 +245,14 @@ def test_cuda_skip_switch(monkeypatch):
 
 
 def test_cuda_arch_flags_follow_the_toolkit(monkeypatch):
-    """sm_70..sm_90 SASS plus compute_90 PTX, cut to what the nvcc at hand supports (CUDA 13 has no sm_70)."""
+    """sm_70, 75, 80, 90 SASS plus compute_90 PTX, cut to what the nvcc at hand supports (CUDA 13 has no sm_70);
+    sm_86 / sm_89 run sm_80's SASS, so they are not compiled separately."""
     _build.nvcc_supported_archs.cache_clear()
     monkeypatch.setattr(_build, "nvcc_supported_archs", lambda nvcc: None)
     flags = _build.nvcc_arch_flags("nvcc")
     assert all(f"-gencode=arch=compute_{a},code=sm_{a}" in flags for a in _build.CUDA_ARCHS)
     assert flags[-1] == "-gencode=arch=compute_90,code=compute_90"
+    assert not any(f"code=sm_{a}" in " ".join(flags) for a in ("86", "89"))
     monkeypatch.setattr(_build, "nvcc_supported_archs", lambda nvcc: frozenset({"75", "80", "86", "89", "90", "100"}))
     flags = _build.nvcc_arch_flags("nvcc")
     assert "-gencode=arch=compute_70,code=sm_70" not in flags
