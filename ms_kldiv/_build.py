@@ -46,8 +46,13 @@ CUDA_PTX_ARCH = "90"
 # The ABI is extern "C"; libstdc++'s templates (std::unique_lock, vector copies) carry default visibility despite
 # -fvisibility=hidden and would otherwise be exported as weak C++ symbols. This linker script keeps them local.
 CPU_EXPORT_MAP = "{ global: *; local: _Z*; };\n"
+# ptxas -v: the registers, spills, stack and shared memory of every kernel for every architecture, written beside the
+# library (RESOURCE_REPORT) so that tests/test_cuda_build.py checks the shipped build's limits without compiling again.
 NVCC_FLAGS = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
-              "--expt-relaxed-constexpr"]
+              "--expt-relaxed-constexpr", "-Xptxas", "-v"]
+RESOURCE_REPORT = ".ptxas.txt"
+# Files a build leaves beside its library (besides the stamp), copied with it from the cache.
+_COMPANIONS = (RESOURCE_REPORT,)
 
 
 @functools.lru_cache(maxsize=None)
@@ -235,8 +240,10 @@ def _build_cuda(src, out_path, tmp):
     cus = _sources(src, "GPU")
     if not cus:
         raise BuildError("no CUDA sources in custom_ops/gpu")
-    _run([nvcc, *NVCC_FLAGS, *nvcc_arch_flags(nvcc), *_nvcc_threads(nvcc), "-I", os.path.join(src, "common"),
-          "-I", os.path.join(src, "gpu"), *cus, "-o", out_path], tmp)
+    proc = _run([nvcc, *NVCC_FLAGS, *nvcc_arch_flags(nvcc), *_nvcc_threads(nvcc), "-I", os.path.join(src, "common"),
+                 "-I", os.path.join(src, "gpu"), *cus, "-o", out_path], tmp)
+    with open(out_path + RESOURCE_REPORT, "w", encoding="utf-8") as f:
+        f.write(proc.stdout + proc.stderr)
 
 
 @functools.lru_cache(maxsize=None)
@@ -268,8 +275,10 @@ def build_one(device, out_dir, src=None):
         # under a temporary name and renamed: an interrupted build or a full disk never leaves a partial file that
         # passes the check (a process that already loaded the old library keeps its mapping).
         _write_atomically(final + ".stamp", f"{source_hash(device, src)}\n{_fingerprint(tmp_lib)}\n".encode())
-        with open(tmp_lib, "rb") as f:
-            _write_atomically(final, f.read())
+        for suffix in _COMPANIONS + ("",):
+            if os.path.isfile(tmp_lib + suffix):
+                with open(tmp_lib + suffix, "rb") as f:
+                    _write_atomically(final + suffix, f.read())
     return final
 
 
@@ -326,7 +335,9 @@ def _build_or_reuse(device, out_dir, log):
                 build_one(device, cache, src)
             os.makedirs(out_dir, exist_ok=True)
             path = os.path.join(out_dir, name)
-            for suffix in (".stamp", ""):  # the stamp first, as build_one writes them
+            for suffix in (".stamp", *_COMPANIONS, ""):  # the stamp first, as build_one writes them
+                if suffix and not os.path.isfile(cached + suffix):
+                    continue  # a companion this build does not make
                 with open(cached + suffix, "rb") as f:
                     _write_atomically(path + suffix, f.read())
     log(f"ms_kldiv: built {path}")

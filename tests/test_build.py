@@ -197,6 +197,8 @@ def test_install_reuses_the_cached_library(tmp_path, monkeypatch):
             f.write(b"library %d" % len(compiled))
         with open(lib + ".stamp", "w") as f:
             f.write(f"{_build.source_hash(device, src)}\n{_build._fingerprint(lib)}\n")
+        with open(lib + _build.RESOURCE_REPORT, "w") as f:  # a build's report travels with its library
+            f.write("report %d" % len(compiled))
         compiled.append(out_dir)
         return lib
 
@@ -206,6 +208,8 @@ def test_install_reuses_the_cached_library(tmp_path, monkeypatch):
     assert len(compiled) == 1 and compiled[0].startswith(str(tmp_path / "cache"))
     with open(first, "rb") as f, open(second, "rb") as g:
         assert f.read() == g.read() == b"library 0"
+    with open(second + _build.RESOURCE_REPORT) as f:
+        assert f.read() == "report 0"
     assert _build._stamp_ok(second, _build.source_hash("CPU"))
     with open(os.path.join(compiled[0], _build.LIB_NAMES["CPU"]), "ab") as f:
         f.write(b"damage")
