@@ -177,16 +177,18 @@ def _subcommand(tmp_path, *args):
 
 @pytest.mark.slow
 def test_distill_subcommand_smoke(tmp_path):
+    # Every row is a child process of its own (~8 s here): two modes, not three ('fwd' is 'grad' less the vjp).
     stdout, records = _subcommand(tmp_path, "distill", "--sizes", "8x64", "--dtypes", "float32", "--betas", "0,0.5",
-                                  "--modes", "fwd,grad,step", "--rows", "fused,composition,ms_ops,stream",
+                                  "--modes", "grad,step", "--rows", "fused,composition,ms_ops,stream",
                                   "--divergences", "skew_rkl", "--repeats", "1")
     cells = {(r["row"], r["beta"], r["mode"]) for r in records}
-    assert ("fused", 0.0, "step") in cells and ("composition", 0.5, "grad") in cells and ("stream", 0.0, "fwd") in cells
-    assert ("ms_ops", 0.5, "fwd") not in cells  # forward KL only, as documented
-    # a divergence row is timed against forward KL in its own process (beta 0, fwd and grad only)
+    assert cells == {("fused", b, m) for b in (0.0, 0.5) for m in ("grad", "step")} | {
+        ("composition", b, m) for b in (0.0, 0.5) for m in ("grad", "step")} | {
+        ("ms_ops", 0.0, "grad"), ("stream", 0.0, "grad"), ("fused-skew_rkl", 0.0, "grad")}, cells
+    # ms_ops and stream: forward KL only, as documented; no step rows. A divergence row is timed against forward KL
+    # in its own process (beta 0, fwd and grad only).
     paired = [r for r in records if r["row"] == "fused-skew_rkl"]
-    assert sorted(r["mode"] for r in paired) == ["fwd", "grad"] and all(r["paired_ratio"] > 0 for r in paired)
-    assert stdout.count("x (paired)") == 2
+    assert all(r["paired_ratio"] > 0 for r in paired) and stdout.count("x (paired)") == 1
     assert all(r["peak_bytes"] is not None for r in records) and "time vs fused" in stdout
 
 
