@@ -36,7 +36,9 @@ ABI_SYMBOL = "KLDivLibInfo"
 CXX_FLAGS = ["-O3", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-DNDEBUG",
              # Vectorize log/exp through libmvec and let if-converted selects vectorize; inf/NaN semantics
              # stay IEEE (no -ffast-math / -ffinite-math-only: the zero-mass rule relies on -inf and NaN).
-             "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd"]
+             "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd",
+             # the loops the compiler vectorized, per unit: written beside the library (VECTOR_REPORT)
+             "-fopt-info-vec-optimized"]
 # Volta, Turing, Ampere and Hopper SASS plus compute_90 PTX (JIT-compiled by newer drivers). sm_86 and sm_89 GPUs
 # run sm_80's SASS (a cubin runs on every later minor version of its major one), so they get no build of their own:
 # each architecture is a whole compile of every kernel. Newer toolkits drop old targets (CUDA 13 has no sm_70), so
@@ -51,8 +53,10 @@ CPU_EXPORT_MAP = "{ global: *; local: _Z*; };\n"
 NVCC_FLAGS = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
               "--expt-relaxed-constexpr", "-Xptxas", "-v"]
 RESOURCE_REPORT = ".ptxas.txt"
+# The CPU build's report: each unit's vectorized loops (-fopt-info-vec-optimized), under a "== <unit> ==" line.
+VECTOR_REPORT = ".vec.txt"
 # Files a build leaves beside its library (besides the stamp), copied with it from the cache.
-_COMPANIONS = (RESOURCE_REPORT,)
+_COMPANIONS = (RESOURCE_REPORT, VECTOR_REPORT)
 
 
 @functools.lru_cache(maxsize=None)
@@ -187,23 +191,31 @@ def _run(cmd, cwd):
 
 
 def _run_parallel(cmds, cwd):
-    """One compiler process per translation unit, at most one per CPU (each ISA unit takes seconds)."""
+    """One compiler process per translation unit, at most one per CPU (each ISA unit takes seconds); what each
+    printed to stderr, in the order of ``cmds``."""
     jobs = max(1, min(len(cmds), os.cpu_count() or 1))
-    pending, running, errors = list(cmds), [], []
+    pending, running, errors, printed = list(enumerate(cmds)), [], [], [""] * len(cmds)
     while pending or running:
         while pending and len(running) < jobs:
-            cmd = pending.pop(0)
-            running.append((cmd, subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                                   text=True)))
-        cmd, proc = running.pop(0)
-        _, err = proc.communicate()
+            i, cmd = pending.pop(0)
+            running.append((i, subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                 text=True)))
+        i, proc = running.pop(0)
+        _, printed[i] = proc.communicate()
         if proc.returncode != 0:
-            errors.append(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{err[-4000:]}")
+            errors.append(f"command failed ({proc.returncode}): {' '.join(cmds[i])}\n{printed[i][-4000:]}")
     if errors:
         raise BuildError("\n".join(errors))
+    return printed
 
 
 # ------------------------------------------------------------------------------------------------ builds
+def _cxx_flags():
+    """CXX_FLAGS, less GCC's vectorization report where the compiler is clang (it has -Rpass instead)."""
+    clang = "clang" in (_compiler_id("CPU") or "").lower()
+    return [f for f in CXX_FLAGS if not (clang and f.startswith("-fopt-info"))]
+
+
 def _build_cpu(src, out_path, tmp, flags=()):
     cxx = _cxx()
     if not cxx:
@@ -214,9 +226,11 @@ def _build_cpu(src, out_path, tmp, flags=()):
         cmds, objs = [], []
         for cc in _sources(src, "CPU"):
             obj = os.path.join(tmp, os.path.basename(cc) + ".o")
-            cmds.append([cxx, *CXX_FLAGS, *flags, *extra, *_file_flags(cc), *include, "-c", cc, "-o", obj])
+            cmds.append([cxx, *_cxx_flags(), *flags, *extra, *_file_flags(cc), *include, "-c", cc, "-o", obj])
             objs.append(obj)
-        _run_parallel(cmds, tmp)
+        printed = _run_parallel(cmds, tmp)
+        with open(out_path + VECTOR_REPORT, "w", encoding="utf-8") as f:
+            f.writelines(f"== {os.path.basename(cc)} ==\n{out}" for cc, out in zip(_sources(src, "CPU"), printed))
         libs = ["-lm", "-pthread"] + (["-lmvec"] if "-DKLDIV_NO_LIBMVEC" not in extra else [])
         strict = []
         if sys.platform.startswith("linux"):
