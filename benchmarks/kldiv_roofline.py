@@ -8,6 +8,7 @@ It runs the library built with -DKLDIV_DIAGNOSTICS (libkldiv_cpu_diag.so: the pr
 alone and reads no clock), which it hands MindSpore through MS_KLDIV_LIB_DIR, so the MindSpore rows and the study rows
 run the very same kernels. docs/cpu_aot.md explains what these rows showed.
 """
+import atexit
 import functools
 import os
 import shutil
@@ -18,7 +19,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ms_kldiv.bench import rows  # noqa: E402
-from ms_kldiv.bench.harness import add_row, make_data  # noqa: E402
+from ms_kldiv.bench.harness import add_row  # noqa: E402
 
 
 _LOADED = []  # the diagnostics build's path as the aot backend loads it (see use_diagnostics_library)
@@ -118,10 +119,12 @@ def register_study_rows():
 
 
 def use_diagnostics_library():
-    """Copy the diagnostics build where MS_KLDIV_LIB_DIR makes the aot backend load it (as libkldiv_cpu.so)."""
+    """Copy the diagnostics build where MS_KLDIV_LIB_DIR makes the aot backend load it (as libkldiv_cpu.so), in a
+    temporary folder removed when this process exits."""
     from ms_kldiv import _build
     lib = _cpu_library()
     folder = tempfile.mkdtemp(prefix="ms_kldiv_study_")
+    atexit.register(shutil.rmtree, folder, True)
     for suffix in ("", ".stamp"):
         shutil.copyfile(lib + suffix, os.path.join(folder, _build.LIB_NAMES["CPU"] + suffix))
     os.environ["MS_KLDIV_LIB_DIR"] = folder
@@ -131,15 +134,12 @@ def use_diagnostics_library():
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    folder = use_diagnostics_library()
-    try:
-        from ms_kldiv.bench import __main__ as cli
-        cli.EXTRA_ROWS.append(register_study_rows)
-        if "--paired-ref" not in argv:
-            argv += ["--paired-ref", "roofline", "--paired-rows", "aot_kernel,aot,aot_jit,jit_floor"]
-        return cli.main(argv)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    use_diagnostics_library()
+    from ms_kldiv.bench import __main__ as cli
+    cli.EXTRA_ROWS.append(register_study_rows)
+    if "--paired-ref" not in argv:
+        argv += ["--paired-ref", "roofline", "--paired-rows", "aot_kernel,aot,aot_jit,jit_floor"]
+    return cli.main(argv)
 
 
 if __name__ == "__main__":

@@ -71,7 +71,7 @@ import sys; sys.argv = ["x"]
 import numpy as np
 sys.path.insert(0, "benchmarks")
 import kldiv_roofline as study
-study.use_diagnostics_library()
+folder = study.use_diagnostics_library()
 import ms_kldiv
 from ms_kldiv import reference
 from ms_kldiv.bench import rows
@@ -85,13 +85,15 @@ for reduction in ("sum", "none"):
     np.testing.assert_array_equal(got, ms_kldiv.kl_div(x, t, reduction=reduction, backend="aot").asnumpy())
 assert study.kernel_factory(n, "float32", "sum", "grad") is None
 assert study.kernel_factory(n, "bfloat16", "sum", "fwd") is None
-print("OK")
+print("OK", folder)
 """
 
 
 def test_kernel_row_computes_the_loss_on_the_mindspore_rows_buffers(tmp_path):
     proc = _python(KERNEL_ROW.replace('"benchmarks"', repr(os.path.join(ROOT, "benchmarks"))), tmp_path)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+    folder = proc.stdout.split("OK", 1)[1].strip()
+    assert folder and not os.path.exists(folder), "the diagnostics library's copy outlived the process"
 
 
 SPAN = r"""

@@ -15,6 +15,7 @@ harness, operands copied to torch CUDA tensors, in this process): every stand-in
 Stand-in-only tests (its own checks, kernels with planted bugs) skip there; grid and schedule choices
 (``sms``, ``reverse``) are the device's own.
 """
+import fcntl
 import glob
 import hashlib
 import os
@@ -78,14 +79,34 @@ def build(sources=None, extra_flags=()):
     if os.path.exists(out):
         return out
     os.makedirs(out_dir, exist_ok=True)
-    tmp = tempfile.mktemp(dir=out_dir, suffix=".so")
-    cmd = [CXX, *flags, "-I", SIM, "-I", os.path.join(SRC, "common"), "-I", os.path.join(SRC, "gpu"),
-           "-x", "c++", *sources, "-o", tmp]
-    proc = subprocess.run(cmd, cwd=out_dir, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"stand-in build failed:\n{' '.join(cmd)}\n{proc.stderr[-4000:]}")
-    os.replace(tmp, out)
+    # One build per variant however many test processes ask for it at once: the others wait for it.
+    with open(os.path.join(out_dir, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(out):
+            _compile_and_link(sources, flags, out_dir, out)
     return out
+
+
+def _compile_and_link(sources, flags, out_dir, out):
+    """Each source compiled by a process of its own (all at once: the largest takes most of the time), then linked
+    under a temporary name and renamed."""
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        include = ["-I", SIM, "-I", os.path.join(SRC, "common"), "-I", os.path.join(SRC, "gpu")]
+        objs = [os.path.join(tmp, f"{i}.o") for i in range(len(sources))]
+        cmds = [[CXX, *flags, *include, "-x", "c++", "-c", src, "-o", obj] for src, obj in zip(sources, objs)]
+        cmds.append([CXX, *flags, *objs, "-o", os.path.join(tmp, "lib.so")])
+        procs = [subprocess.Popen(c, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for c in cmds[:-1]]
+        for cmd, proc in [*zip(cmds, procs), (cmds[-1], None)]:
+            if proc is None:  # the link, once every object is there
+                proc = subprocess.Popen(cmd, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            _, err = proc.communicate()
+            if proc.returncode != 0:
+                for p in procs:
+                    p.kill()
+                    p.wait()
+                raise RuntimeError(f"stand-in build failed:\n{' '.join(cmd)}\n{err[-4000:]}")
+        os.replace(os.path.join(tmp, "lib.so"), out)
 
 
 # ---------------------------------------------------------------------------------------------- child side
