@@ -86,6 +86,14 @@ __device__ __forceinline__ void apply_and_slope(const Transform &f, float z, flo
   }
 }
 
+// fn(std::integral_constant<int, K>()) for the runtime `kind` if it is one of kKinds, else for kOther: the kind
+// becomes a template argument (one loop per kind, no per-class test of it) at the cost of one test per row.
+template <int kOther, int... kKinds, typename Fn>
+__device__ __forceinline__ void with_kind(int kind, Fn &&fn) {
+  const bool listed = ((kind == kKinds ? (fn(std::integral_constant<int, kKinds>()), true) : false) || ...);
+  if (!listed) fn(std::integral_constant<int, kOther>());
+}
+
 // ------------------------------------------------------------------------------------------ group reductions
 struct Normalizers {  // the two-pass kinds' first pass: both rows' running log-sum-exp
   Online s, t;
@@ -315,16 +323,9 @@ __device__ __forceinline__ void forward_terms_row(const T *s, const T *t, int64_
   }
   // One loop per two-pass kind: with the kind read per class, its branches and registers weighed on every kind.
   // The one-pass kinds come here only as vocabulary-parallel pieces (kGiven), through the generic loop (-1).
-  const auto sums = [&](auto kind) {
+  with_kind<-1, kJsd, kTvd, kSkewKl, kSkewRkl>(h.kind, [&](auto kind) {
     forward_sums<R, kTf, decltype(kind)::value>(s, t, vocab, h, lane, vec, sum_part, stats, ms, mt, lzs, lzt);
-  };
-  switch (h.kind) {
-    case kJsd: sums(std::integral_constant<int, kJsd>()); break;
-    case kTvd: sums(std::integral_constant<int, kTvd>()); break;
-    case kSkewKl: sums(std::integral_constant<int, kSkewKl>()); break;
-    case kSkewRkl: sums(std::integral_constant<int, kSkewRkl>()); break;
-    default: sums(std::integral_constant<int, -1>()); break;
-  }
+  });
 }
 
 // The rows of one block, with or without the transform (kTf); kSym: the symmetric KL forward's kernel, else every
@@ -415,15 +416,9 @@ __device__ __forceinline__ void backward_row(const T *s, const T *t, int64_t voc
 template <int R, bool kTf, typename T>
 __device__ __forceinline__ void backward_kind(const T *s, const T *t, int64_t vocab, const Hyper &h,
                                               const float *st, float g_t, int lane, bool vec, T *ds, T *dt) {
-  switch (h.kind) {
-    case kFwdKl: backward_row<R, kFwdKl, kTf>(s, t, vocab, h, st, g_t, lane, vec, ds, dt); break;
-    case kRevKl: backward_row<R, kRevKl, kTf>(s, t, vocab, h, st, g_t, lane, vec, ds, dt); break;
-    case kJsd: backward_row<R, kJsd, kTf>(s, t, vocab, h, st, g_t, lane, vec, ds, dt); break;
-    case kTvd: backward_row<R, kTvd, kTf>(s, t, vocab, h, st, g_t, lane, vec, ds, dt); break;
-    case kSkewKl: backward_row<R, kSkewKl, kTf>(s, t, vocab, h, st, g_t, lane, vec, ds, dt); break;
-    case kSkewRkl: backward_row<R, kSkewRkl, kTf>(s, t, vocab, h, st, g_t, lane, vec, ds, dt); break;
-    default: backward_row<R, kSymmetric, kTf>(s, t, vocab, h, st, g_t, lane, vec, ds, dt); break;
-  }
+  with_kind<kSymmetric, kFwdKl, kRevKl, kJsd, kTvd, kSkewKl, kSkewRkl>(h.kind, [&](auto kind) {
+    backward_row<R, decltype(kind)::value, kTf>(s, t, vocab, h, st, g_t, lane, vec, ds, dt);
+  });
 }
 
 template <typename T, int R>
