@@ -98,7 +98,7 @@ def test_two_processes_first_use_at_once(fake, tmp_path):
     paths = {o["PATH"] for o in outs}
     assert len(paths) == 1 and os.path.isfile(paths.pop())
     [lib_dir] = _lib_dirs(fake["MS_KLDIV_CACHE"])
-    assert sorted(os.listdir(lib_dir)) == [".lock", LIB, LIB + ".stamp"]
+    assert sorted(os.listdir(lib_dir)) == [".lock", LIB, LIB + ".stamp", LIB + _build.VECTOR_REPORT]
     assert os.listdir(tmp_path / "cwd") == []
 
 
@@ -162,6 +162,7 @@ def test_interrupted_build_leaves_no_partial_library(fake, tmp_path, when):
     out = _finish(_start(USE_AOT, dict(fake, FAKE_CXX_SECONDS="0"), cwd, "aot"))
     [lib_dir] = _lib_dirs(fake["MS_KLDIV_CACHE"])
     assert out["PATH"] == os.path.join(lib_dir, LIB)
-    assert sorted(os.listdir(lib_dir)) == [".lock", LIB, LIB + ".stamp"]  # the killed build's staged files cleared
+    # the killed build's staged files cleared
+    assert sorted(os.listdir(lib_dir)) == [".lock", LIB, LIB + ".stamp", LIB + _build.VECTOR_REPORT]
     assert _build._stamp_ok(out["PATH"], None)
     assert os.listdir(cwd) == []
