@@ -221,8 +221,9 @@ def test_install_reuses_the_cached_library(tmp_path, monkeypatch):
 @needs_cxx
 def test_build_into_a_folder(tmp_path, monkeypatch):
     """``python -m ms_kldiv._build --out DIR``: the library, its stamp (matching these sources) and its vectorization
-    report in DIR, nothing else in the working directory, and it loads. (It goes through the per-user cache, as an install does: the
-    session's install already compiled these sources, so this copies; the reuse rule is tested above.)"""
+    report in DIR, nothing else in the working directory, and it loads. (It goes through the per-user cache, as an
+    install does: the session's install already compiled these sources, so this copies; the reuse rule is tested
+    above.)"""
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "out"
     assert _build.main(["--out", str(out), "--no-cuda"]) == 0
