@@ -223,14 +223,14 @@ def _build_cpu(src, out_path, tmp, flags=()):
     include = ["-I", os.path.join(src, "common"), "-I", os.path.join(src, "cpu")]
 
     def compile_and_link(extra):
-        cmds, objs = [], []
-        for cc in _sources(src, "CPU"):
+        cmds, objs, units = [], [], _sources(src, "CPU")
+        for cc in units:
             obj = os.path.join(tmp, os.path.basename(cc) + ".o")
             cmds.append([cxx, *_cxx_flags(), *flags, *extra, *_file_flags(cc), *include, "-c", cc, "-o", obj])
             objs.append(obj)
         printed = _run_parallel(cmds, tmp)
         with open(out_path + VECTOR_REPORT, "w", encoding="utf-8") as f:
-            f.writelines(f"== {os.path.basename(cc)} ==\n{out}" for cc, out in zip(_sources(src, "CPU"), printed))
+            f.writelines(f"== {os.path.basename(cc)} ==\n{out}" for cc, out in zip(units, printed))
         libs = ["-lm", "-pthread"] + (["-lmvec"] if "-DKLDIV_NO_LIBMVEC" not in extra else [])
         strict = []
         if sys.platform.startswith("linux"):
