@@ -88,24 +88,19 @@ def build(sources=None, extra_flags=()):
 
 
 def _compile_and_link(sources, flags, out_dir, out):
-    """Each source compiled by a process of its own (all at once: the largest takes most of the time), then linked
-    under a temporary name and renamed."""
+    """The sources compiled side by side (the package build's scheduler: one process per CPU, the largest source
+    first, as it takes most of the time), then linked under a temporary name and renamed."""
+    from ms_kldiv import _build
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         include = ["-I", SIM, "-I", os.path.join(SRC, "common"), "-I", os.path.join(SRC, "gpu")]
+        sources = sorted(sources, key=os.path.getsize, reverse=True)
         objs = [os.path.join(tmp, f"{i}.o") for i in range(len(sources))]
-        cmds = [[CXX, *flags, *include, "-x", "c++", "-c", src, "-o", obj] for src, obj in zip(sources, objs)]
-        cmds.append([CXX, *flags, *objs, "-o", os.path.join(tmp, "lib.so")])
-        procs = [subprocess.Popen(c, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for c in cmds[:-1]]
-        for cmd, proc in [*zip(cmds, procs), (cmds[-1], None)]:
-            if proc is None:  # the link, once every object is there
-                proc = subprocess.Popen(cmd, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            _, err = proc.communicate()
-            if proc.returncode != 0:
-                for p in procs:
-                    p.kill()
-                    p.wait()
-                raise RuntimeError(f"stand-in build failed:\n{' '.join(cmd)}\n{err[-4000:]}")
+        try:
+            _build._run_parallel([[CXX, *flags, *include, "-x", "c++", "-c", src, "-o", obj]
+                                  for src, obj in zip(sources, objs)], tmp)
+            _build._run([CXX, *flags, *objs, "-o", os.path.join(tmp, "lib.so")], tmp)
+        except _build.BuildError as e:
+            raise RuntimeError(f"stand-in build failed:\n{e}") from None
         os.replace(os.path.join(tmp, "lib.so"), out)
 
 
