@@ -5,6 +5,7 @@ gradients by central differences), in PyNative and GRAPH_MODE, on every distilla
 own definitions written out here (Liger's TVD, torchtune's symmetric KL, DistiLLM's skew KL, Gemma's soft cap);
 second order through the composite math; bad values raise."""
 import contextlib
+import functools
 
 import numpy as np
 import pytest
@@ -176,15 +177,10 @@ MIXTURE_KINDS = (dict(divergence="kl", beta=0.5), dict(divergence="skew_kl", alp
                  dict(divergence="skew_rkl", alpha=0.3))
 
 
-@pytest.mark.parametrize("dtype", ("float32", "float16", "bfloat16"))
-@pytest.mark.parametrize("variant", MIXTURE_KINDS, ids=("jsd", "skew_kl", "skew_rkl"))
-@pytest.mark.parametrize("exec_mode", ("pynative", "graph"))
-@pytest.mark.parametrize("backend", DISTILL_BACKENDS)
-def test_mixture_kinds_at_vector_widths(backend, exec_mode, variant, dtype):
-    """V = 203 (twelve 16-lane vectors and a tail of 11: the CPU kernels' vector loops and their scalar rest) in
-    each input dtype, with -inf padding inside a vector and a peaked row whose mixture falls below float32's normal
-    range: the value and both gradients within one rounding of their dtype of the float64 reference on the rounded
-    inputs."""
+@functools.lru_cache(maxsize=None)
+def _mixture_case(kind, dtype):
+    """Inputs of test_mixture_kinds_at_vector_widths as rounded to ``dtype`` and their float64 value and gradients
+    (central differences: seconds, so once per kind and dtype for every backend and mode)."""
     rng = np.random.default_rng(203)
     s = rng.normal(size=(3, 203)) * 2
     t = rng.normal(size=(3, 203)) * 2
@@ -194,16 +190,29 @@ def test_mixture_kinds_at_vector_widths(backend, exec_mode, variant, dtype):
     mstype = getattr(ms, dtype)
     s_in, t_in = Tensor(s.astype(np.float32), mstype), Tensor(t.astype(np.float32), mstype)
     sr, tr = to_numpy(s_in), to_numpy(t_in)  # the inputs as rounded
-    beta, kw = _ref_kwargs(variant)
-    grad_fn = ms.value_and_grad(MeanLoss(variant, backend), grad_position=(0, 1))
+    beta, kw = _ref_kwargs(MIXTURE_KINDS[kind])
+    f = lambda x, y: ref.distillation_loss(x, y, 2.0, "batchmean", beta, **kw)  # noqa: E731
+    return ((s_in, t_in), f(sr, tr), central_differences(lambda x: f(x, tr), sr),
+            central_differences(lambda y: f(sr, y), tr))
+
+
+@pytest.mark.parametrize("dtype", ("float32", "float16", "bfloat16"))
+@pytest.mark.parametrize("kind", range(len(MIXTURE_KINDS)), ids=("jsd", "skew_kl", "skew_rkl"))
+@pytest.mark.parametrize("exec_mode", ("pynative", "graph"))
+@pytest.mark.parametrize("backend", DISTILL_BACKENDS)
+def test_mixture_kinds_at_vector_widths(backend, exec_mode, kind, dtype):
+    """V = 203 (twelve 16-lane vectors and a tail of 11: the CPU kernels' vector loops and their scalar rest) in
+    each input dtype, with -inf padding inside a vector and a peaked row whose mixture falls below float32's normal
+    range: the value and both gradients within one rounding of their dtype of the float64 reference on the rounded
+    inputs."""
+    (s_in, t_in), want_value, want_ds, want_dt = _mixture_case(kind, dtype)
+    grad_fn = ms.value_and_grad(MeanLoss(MIXTURE_KINDS[kind], backend), grad_position=(0, 1))
     with graph_mode() if exec_mode == "graph" else contextlib.nullcontext():
         value, (ds, dt) = grad_fn(s_in, t_in)
-    f = lambda x, y: ref.distillation_loss(x, y, 2.0, "batchmean", beta, **kw)  # noqa: E731
     # the loss and gradients come back in the inputs' dtype: one rounding of it (float32: of its arithmetic)
     ulp = {"float32": 2.0 ** -20, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}[dtype]
-    np.testing.assert_allclose(float(value), f(sr, tr), rtol=max(ulp, 1e-5))
-    for got, want in ((ds, central_differences(lambda x: f(x, tr), sr)),
-                      (dt, central_differences(lambda y: f(sr, y), tr))):
+    np.testing.assert_allclose(float(value), want_value, rtol=max(ulp, 1e-5))
+    for got, want in ((ds, want_ds), (dt, want_dt)):
         got = to_numpy(got)
         assert np.all(got[:, 40:43] == 0)
         if dtype == "float32":

@@ -3,6 +3,8 @@ log-probabilities, or sampled ids and counts), on every backend with stored-teac
 GRAPH_MODE, static and dynamic row counts: the value against the float64 definition on the full logits
 (ms_kldiv.reference.sparse_distillation_loss 'tokenmean' + the hard term's cross-entropy) and the gradients of the
 hidden states, weight and bias against the chain rule of that definition's central differences."""
+import functools
+
 import numpy as np
 import pytest
 
@@ -57,13 +59,10 @@ def teacher(rng, rows, vocab, k, mode):
     return ids, np.where(ids >= 0, values, 0.0).astype(np.float32)
 
 
-@pytest.mark.parametrize("chunk_size", (None, 1, 4))
-@pytest.mark.parametrize("exec_mode", ("pynative", "graph"))
-@pytest.mark.parametrize("backend", SPARSE_BACKENDS)
-@pytest.mark.parametrize("mode,beta,teacher_temperature", CASES)
-def test_head_from_stored_teacher(backend, exec_mode, chunk_size, mode, beta, teacher_temperature):
-    """One chunk, 21 chunks of 1 row (the loop, not an unrolled graph) and 6 chunks of 4 with an overhang; an
-    ignored row, padding ids, the hard term."""
+@functools.lru_cache(maxsize=None)
+def _case(mode, beta, teacher_temperature):
+    """The inputs of one stored-teacher case and their float64 reference (the central differences take seconds:
+    computed once per case for its backends, modes and chunk sizes)."""
     rng = np.random.default_rng(3)
     rows, hidden, vocab, k = 21, 6, 33, 8
     h = rng.normal(size=(rows, hidden))
@@ -72,6 +71,20 @@ def test_head_from_stored_teacher(backend, exec_mode, chunk_size, mode, beta, te
     ids, values = teacher(rng, rows, vocab, k, mode)
     labels = rng.integers(0, vocab, size=rows).astype(np.int32)
     labels[5] = -100
+    hr, wr, br = (a.astype(np.float32).astype(np.float64) for a in (h, w, b))
+    expected = reference(hr, wr, br, ids, values.astype(np.float64), labels, mode, 2.0, teacher_temperature, beta,
+                         0.5)
+    return (h, w, b, ids, values, labels), expected
+
+
+@pytest.mark.parametrize("chunk_size", (None, 1, 4))
+@pytest.mark.parametrize("exec_mode", ("pynative", "graph"))
+@pytest.mark.parametrize("backend", SPARSE_BACKENDS)
+@pytest.mark.parametrize("mode,beta,teacher_temperature", CASES)
+def test_head_from_stored_teacher(backend, exec_mode, chunk_size, mode, beta, teacher_temperature):
+    """One chunk, 21 chunks of 1 row (the loop, not an unrolled graph) and 6 chunks of 4 with an overhang; an
+    ignored row, padding ids, the hard term."""
+    (h, w, b, ids, values, labels), expected = _case(mode, beta, teacher_temperature)
     head = ms_kldiv.FusedLinearDistillationLoss(2.0, beta=beta, hard_weight=0.5, chunk_size=chunk_size,
                                                 backend=backend, stored_mode=mode,
                                                 teacher_temperature=teacher_temperature)
@@ -82,9 +95,6 @@ def test_head_from_stored_teacher(backend, exec_mode, chunk_size, mode, beta, te
             value, grads = fn(*args)
     else:
         value, grads = fn(*args)
-    hr, wr, br = (a.astype(np.float32).astype(np.float64) for a in (h, w, b))
-    expected = reference(hr, wr, br, ids, values.astype(np.float64), labels, mode, 2.0, teacher_temperature, beta,
-                         0.5)
     np.testing.assert_allclose(float(value), expected[0], rtol=2e-6)
     for got, exp, name in zip(grads, expected[1:], ("hidden", "weight", "bias")):
         np.testing.assert_allclose(got.asnumpy(), exp, atol=2e-6, err_msg=name)
