@@ -51,7 +51,7 @@ setup(
         "decorator",  # MindSpore's AKG (hybrid kernels) imports it without declaring it
     ],
     extras_require={
-        "test": ["pytest>=7", "pytest-xdist>=3.2", "hypothesis>=6", "ml_dtypes<0.5"],  # ml_dtypes: the CUDA stand-in's bf16 check; later releases need NumPy 2
+        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "ml_dtypes<0.5"],  # ml_dtypes: the CUDA stand-in's bf16 check; later releases need NumPy 2
         "bench": ["matplotlib"],
     },
 )
