@@ -30,7 +30,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 #: The CPU library with the benchmark's and the pool tests' diagnostic exports (never shipped, built on demand).
 DIAGNOSTICS = "CPU+diagnostics"
 LIB_NAMES = {"CPU": "libkldiv_cpu.so", "GPU": "libkldiv_cuda.so", DIAGNOSTICS: "libkldiv_cpu_diag.so"}
-_DIAG_FLAGS = ["-DKLDIV_DIAGNOSTICS"]
+_DIAG_MACRO = "KLDIV_DIAGNOSTICS"
+_DIAG_FLAGS = ["-D" + _DIAG_MACRO]
 ABI_SYMBOL = "KLDivLibInfo"
 
 CXX_FLAGS = ["-O3", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-DNDEBUG",
@@ -216,19 +217,113 @@ def _cxx_flags():
     return [f for f in CXX_FLAGS if not (clang and f.startswith("-fopt-info"))]
 
 
+_LOCAL_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.M)
+
+
+def _mentions(path, word, include_dirs, seen=None):
+    """Whether ``path`` or a local header it includes (``#include "..."``, transitively) contains ``word``."""
+    seen = set() if seen is None else seen
+    real = os.path.realpath(path)
+    if real in seen:
+        return False
+    seen.add(real)
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if word in text:
+        return True
+    for name in _LOCAL_INCLUDE.findall(text):
+        found = next((c for c in (os.path.join(d, name) for d in (os.path.dirname(path), *include_dirs))
+                      if os.path.isfile(c)), None)
+        if found and _mentions(found, word, include_dirs, seen):
+            return True
+    return False
+
+
+def _object_cache():
+    """Where compiled units are kept (None: nowhere writable)."""
+    try:
+        return _load_env().cache_dir("obj")
+    except OSError:
+        return None
+
+
+def _compile_units(cmds, units, src, tmp):
+    """Compile each unit (``cmds[i]`` ends with ``-o <object>``), taking an object from the per-user cache when one
+    was compiled from the same command, unit and headers: the diagnostics build differs from the product in two
+    small units, and would otherwise compile the ISA units again. Returns (objects, what each compile printed)."""
+    cache, headers = _object_cache(), _headers(src, "CPU")
+    digest = hashlib.sha256(repr(_compiler_id("CPU")).encode())
+    for p in headers:
+        digest.update(os.path.relpath(p, src).encode())
+        with open(p, "rb") as f:
+            digest.update(f.read())
+    objs, printed, todo = [], [None] * len(cmds), []
+    for i, (cmd, unit) in enumerate(zip(cmds, units)):
+        h = digest.copy()
+        h.update(repr(cmd[:-2]).encode())  # less the temporary object path
+        with open(unit, "rb") as f:
+            h.update(f.read())
+        cached = os.path.join(cache, h.hexdigest()[:32] + ".o") if cache else None
+        if cached and os.path.isfile(cached) and os.path.isfile(cached + ".txt"):
+            with open(cached + ".txt", encoding="utf-8") as f:
+                printed[i] = f.read()
+            with contextlib.suppress(OSError):
+                os.utime(cached)  # recently used: _prune_objects keeps it
+            objs.append(cached)
+        else:
+            objs.append(cmd[-1])
+            todo.append((i, cached))
+    for (i, cached), out in zip(todo, _run_parallel([cmds[i] for i, _ in todo], src) if todo else ()):
+        printed[i] = out
+        if cached:
+            try:  # the object, then its report: a cached object always has one
+                shutil.copyfile(cmds[i][-1], f"{cached}.tmp{os.getpid()}")
+                os.replace(f"{cached}.tmp{os.getpid()}", cached)
+                _write_atomically(cached + ".txt", out.encode())
+            except OSError:
+                pass  # a full or read-only cache only costs the next build its compile
+    if cache and todo:
+        _prune_objects(cache)
+    return objs, printed
+
+
+def _prune_objects(cache, keep_bytes=256 << 20):
+    """The least recently used objects go once the cache holds more than ``keep_bytes`` (one source version of the
+    CPU library is ~8 MB of objects)."""
+    entries = []
+    for name in os.listdir(cache):
+        if name.endswith(".o"):
+            with contextlib.suppress(OSError):
+                st = os.stat(os.path.join(cache, name))
+                entries.append((st.st_mtime, st.st_size, name))
+    total = sum(size for _, size, _ in entries)
+    for _, size, name in sorted(entries):
+        if total <= keep_bytes:
+            break
+        for path in (os.path.join(cache, name) + ".txt", os.path.join(cache, name)):  # the report first
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        total -= size
+
+
 def _build_cpu(src, out_path, tmp, flags=()):
+    """``flags`` (the diagnostics define) reach only the units whose text, or a local header they include, names
+    the macro: for the others it changes nothing, and their objects are the product's (see _compile_units)."""
     cxx = _cxx()
     if not cxx:
         raise BuildError("no C++ compiler found (install g++ or set CXX)")
-    include = ["-I", os.path.join(src, "common"), "-I", os.path.join(src, "cpu")]
+    # Relative paths, compiled in the source tree: an object and its report do not depend on where the tree is (a
+    # pip build directory, the installed package's _csrc), so the cache serves both.
+    include = ["-I", "common", "-I", "cpu"]
+    units = _sources(src, "CPU")
+    scoped = [flags if flags and _mentions(cc, _DIAG_MACRO, [os.path.join(src, "common"), os.path.join(src, "cpu")])
+              else () for cc in units]
 
     def compile_and_link(extra):
-        cmds, objs, units = [], [], _sources(src, "CPU")
-        for cc in units:
-            obj = os.path.join(tmp, os.path.basename(cc) + ".o")
-            cmds.append([cxx, *_cxx_flags(), *flags, *extra, *_file_flags(cc), *include, "-c", cc, "-o", obj])
-            objs.append(obj)
-        printed = _run_parallel(cmds, tmp)
+        cmds = [[cxx, *_cxx_flags(), *unit_flags, *extra, *_file_flags(cc), *include, "-c",
+                 os.path.relpath(cc, src), "-o", os.path.join(tmp, os.path.basename(cc) + ".o")]
+                for cc, unit_flags in zip(units, scoped)]
+        objs, printed = _compile_units(cmds, units, src, tmp)
         with open(out_path + VECTOR_REPORT, "w", encoding="utf-8") as f:
             f.writelines(f"== {os.path.basename(cc)} ==\n{out}" for cc, out in zip(units, printed))
         libs = ["-lm", "-pthread"] + (["-lmvec"] if "-DKLDIV_NO_LIBMVEC" not in extra else [])

@@ -218,6 +218,82 @@ def test_install_reuses_the_cached_library(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["a", "b", "c", "cache"]
 
 
+# A source tree of the library's layout, small enough to compile in a second: 'front' reads the diagnostics macro
+# through its header, 'plain' does not.
+TINY_TREE = {
+    "common/kldiv_abi.h": "#pragma once\n",
+    "cpu/front.h": "#pragma once\n#ifdef KLDIV_DIAGNOSTICS\n#define FRONT_DIAG 1\n"
+                   "#else\n#define FRONT_DIAG 0\n#endif\n",
+    "cpu/front.cc": '#include "front.h"\nextern "C" __attribute__((visibility("default"))) int FrontDiag() '
+                    '{ return FRONT_DIAG; }\n',
+    "cpu/plain.h": "#pragma once\n#define PLAIN_VALUE 7\n",
+    "cpu/plain.cc": '#include "plain.h"\nextern "C" __attribute__((visibility("default"))) int PlainValue() '
+                    '{ return PLAIN_VALUE; }\n',
+}
+
+
+@needs_cxx
+def test_units_are_compiled_once_and_the_diagnostics_build_shares_them(tmp_path, monkeypatch):
+    """Compiled units are kept in the per-user cache, keyed by their command, text and the headers: a second build
+    of the same sources compiles nothing and gives the same library and report; the diagnostics build compiles only
+    the units that read its macro (here through a header), with the macro, and takes the others' objects; a changed
+    header compiles every unit again."""
+    src = tmp_path / "src"
+    for rel, text in TINY_TREE.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(text)
+    monkeypatch.setenv("MS_KLDIV_CACHE", str(tmp_path / "cache"))
+    compiled = []
+    run_parallel = _build._run_parallel
+
+    def recording(cmds, cwd):
+        compiled.append({(cmd[cmd.index("-c") + 1], _build._DIAG_FLAGS[0] in cmd) for cmd in cmds})
+        return run_parallel(cmds, cwd)
+    monkeypatch.setattr(_build, "_run_parallel", recording)
+
+    def build(name, flags=()):
+        out = tmp_path / name
+        out.mkdir()
+        lib = str(out / "lib.so")
+        _build._build_cpu(str(src), lib, str(out), flags)
+        with open(lib + _build.VECTOR_REPORT, encoding="utf-8") as f:
+            report = f.read()
+        dll = ctypes.CDLL(lib)
+        return dll.FrontDiag(), dll.PlainValue(), report
+
+    first = build("first")
+    assert compiled == [{("cpu/front.cc", False), ("cpu/plain.cc", False)}] and first[:2] == (0, 7)
+    assert build("again") == first and compiled[1:] == []
+    diag = build("diag", _build._DIAG_FLAGS)
+    assert compiled[1:] == [{("cpu/front.cc", True)}] and diag[:2] == (1, 7)
+    (src / "cpu/plain.h").write_text("#pragma once\n#define PLAIN_VALUE 8\n")
+    assert build("changed")[:2] == (0, 8) and compiled[2:] == [{("cpu/front.cc", False), ("cpu/plain.cc", False)}]
+    assert sorted(os.listdir(tmp_path)) == ["again", "cache", "changed", "diag", "first", "src"]
+
+
+def test_only_the_front_end_units_read_the_diagnostics_macro():
+    """The diagnostics library differs from the product in these units alone; the ISA units (most of a build) are
+    the product's objects. A unit that starts to read the macro (itself or through a header) is compiled twice."""
+    src = os.path.join(REPO, "custom_ops")
+    dirs = [os.path.join(src, "common"), os.path.join(src, "cpu")]
+    readers = {os.path.basename(cc) for cc in _build._sources(src, "CPU")
+               if _build._mentions(cc, _build._DIAG_MACRO, dirs)}
+    assert readers == {"kldiv_cpu.cc", "kldiv_diagnostics.cc"}
+
+
+@needs_cxx
+def test_object_cache_keeps_the_recently_used(tmp_path):
+    cache = tmp_path / "obj"
+    cache.mkdir()
+    for i in range(4):
+        (cache / f"{i}.o").write_bytes(b"x" * 1000)
+        (cache / f"{i}.o.txt").write_text("report")
+        os.utime(cache / f"{i}.o", (1000 + i, 1000 + i))
+    os.utime(cache / "0.o", (5000, 5000))  # used last
+    _build._prune_objects(str(cache), keep_bytes=2000)
+    assert sorted(os.listdir(cache)) == ["0.o", "0.o.txt", "3.o", "3.o.txt"]
+
+
 @needs_cxx
 def test_build_into_a_folder(tmp_path, monkeypatch):
     """``python -m ms_kldiv._build --out DIR``: the library, its stamp (matching these sources) and its vectorization

@@ -100,11 +100,11 @@ int parse_dtype(const char* s);
 // Args::prefetch for this CPU (once; MS_KLDIV_PREFETCH=<bytes> sets it).
 int64_t prefetch_bytes();
 
-#ifdef KLDIV_DIAGNOSTICS
-// kldiv_diagnostics.cc: the front end records the span of each call that returned 0 (KLDivTakeLastSpan).
+// kldiv_diagnostics.cc, in the diagnostics build only: the front end records the span of each call that returned 0
+// (KLDivTakeLastSpan). Declared unconditionally: a unit whose text (headers included) never names the diagnostics
+// macro compiles without it, and its object is shared with the product build (ms_kldiv/_build.py).
 int64_t monotonic_ns();
 void record_span(int64_t start_ns, int64_t end_ns);
-#endif
 
 const KernelTable* table_base();
 const KernelTable* table_avx2();
