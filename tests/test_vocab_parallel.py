@@ -4,8 +4,8 @@ In one process: the slice kernels of every backend (``states``, ``forward_given`
 ranks' collectives done by hand (the merge of ``ms_kldiv._distill_math``) give the whole rows' loss and gradients,
 and bad arguments raise before anything runs. Under msrun (CPU workers, MindSpore's mccl): tensor-parallel groups
 of 2 and 4 ranks and 2 x 2 (tensor x data parallel, sub-groups) against one process on the whole vocabulary, in
-PyNative, under ms.jit and as a GRAPH_MODE Cell: the logits losses, the stored-teacher loss and the fused head in
-training (tests/_vocab_parallel_worker.py runs them).
+PyNative and in GRAPH_MODE (under ms.jit or as a Cell, by turns): the logits losses, the stored-teacher loss and the
+fused head in training (tests/_vocab_parallel_worker.py runs them).
 """
 import json
 import os
