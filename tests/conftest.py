@@ -66,6 +66,14 @@ import mindspore as ms  # noqa: E402
 import ms_kldiv  # noqa: E402
 from ms_kldiv._env import cache_dir  # noqa: E402
 
+# MS_KLDIV_TEST_SYNC=1 (CI sets it): PyNative ops run synchronously (MindSpore's launch_blocking), except in the
+# modules marked ``async_dispatch``. Values and gradients are the same either way; on a small CPU machine the default
+# asynchronous hand-offs between threads cost more CPU than the ops (docs/mindspore-notes.md). What depends on the
+# dispatch itself (the host call, Custom ops from several threads, the kernel tests) keeps the default.
+SYNC_DISPATCH = os.environ.get("MS_KLDIV_TEST_SYNC") == "1"
+if SYNC_DISPATCH:
+    ms.set_context(pynative_synchronize=True)
+
 try:  # hypothesis keeps a cache in ./.hypothesis; the suite, like the package, leaves the cwd alone
     from hypothesis.configuration import set_hypothesis_home_dir
     set_hypothesis_home_dir(cache_dir("hypothesis"))
@@ -150,6 +158,19 @@ def head_impl(request, monkeypatch):
 @pytest.fixture(params=MODES)
 def mode(request):
     return request.param
+
+
+@pytest.fixture(autouse=True)
+def _dispatch_of_the_module(request):
+    """The default (asynchronous) PyNative dispatch for tests marked ``async_dispatch`` in a synchronized run."""
+    if not (SYNC_DISPATCH and request.node.get_closest_marker("async_dispatch")):
+        yield
+        return
+    ms.set_context(pynative_synchronize=False)
+    try:
+        yield
+    finally:
+        ms.set_context(pynative_synchronize=True)
 
 
 @pytest.fixture(autouse=True)

@@ -21,7 +21,9 @@ import _libs
 import _procs
 
 AOT = {r["name"]: r for r in ms_kldiv.backend_info()}.get("aot", {})
-pytestmark = pytest.mark.skipif(not AOT.get("available"), reason=f"aot backend unavailable: {AOT.get('reason')}")
+# async_dispatch: the Custom op and the host call in the dispatch users get (tests/conftest.py)
+pytestmark = [pytest.mark.skipif(not AOT.get("available"), reason=f"aot backend unavailable: {AOT.get('reason')}"),
+              pytest.mark.async_dispatch]
 
 QUICK_MODES = ("pynative", "jit", "graph")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

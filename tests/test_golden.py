@@ -11,6 +11,8 @@ import mindspore as ms
 
 from conftest import REDUCTIONS, make, run_second_order, to_numpy
 
+pytestmark = pytest.mark.async_dispatch  # the golden values in the dispatch users get (tests/conftest.py)
+
 GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden", "kldiv_torch_golden.json")
 with open(GOLDEN, encoding="utf-8") as _f:
     DOC = json.load(_f)

@@ -25,6 +25,8 @@ import mindspore as ms
 import ms_kldiv
 from conftest import BACKENDS, REDUCTIONS
 
+pytestmark = pytest.mark.async_dispatch  # threads racing through the dispatch users get (tests/conftest.py)
+
 registry = importlib.import_module("ms_kldiv.backends")
 
 THREADS = 8

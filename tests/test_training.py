@@ -9,6 +9,8 @@ from mindspore import nn, ops
 import ms_kldiv
 from conftest import dense, graph_mode, to_numpy
 
+pytestmark = pytest.mark.async_dispatch  # training loops in the dispatch users get (tests/conftest.py)
+
 N, FEATURES, CLASSES, STEPS = 32, 8, 5, 40
 
 
