@@ -264,9 +264,9 @@ def _compile_units(cmds, units, src, tmp):
         with open(unit, "rb") as f:
             h.update(f.read())
         cached = os.path.join(cache, h.hexdigest()[:32] + ".o") if cache else None
-        if cached and os.path.isfile(cached) and os.path.isfile(cached + ".txt"):
-            with open(cached + ".txt", encoding="utf-8") as f:
-                printed[i] = f.read()
+        report = _cached_object_report(cached) if cached else None
+        if report is not None:
+            printed[i] = report
             with contextlib.suppress(OSError):
                 os.utime(cached)  # recently used: _prune_objects keeps it
             objs.append(cached)
@@ -276,15 +276,28 @@ def _compile_units(cmds, units, src, tmp):
     for (i, cached), out in zip(todo, _run_parallel([cmds[i] for i, _ in todo], src) if todo else ()):
         printed[i] = out
         if cached:
-            try:  # the object, then its report: a cached object always has one
-                shutil.copyfile(cmds[i][-1], f"{cached}.tmp{os.getpid()}")
-                os.replace(f"{cached}.tmp{os.getpid()}", cached)
-                _write_atomically(cached + ".txt", out.encode())
-            except OSError:
-                pass  # a full or read-only cache only costs the next build its compile
+            staged = f"{cached}.tmp{os.getpid()}"
+            try:  # the object, then its fingerprint and report (what makes it count as cached)
+                shutil.copyfile(cmds[i][-1], staged)
+                os.replace(staged, cached)
+                _write_atomically(cached + ".txt", f"{_fingerprint(cached)}\n{out}".encode())
+            except OSError:  # a full or read-only cache only costs the next build its compile
+                with contextlib.suppress(OSError):
+                    os.remove(staged)
     if cache and todo:
         _prune_objects(cache)
     return objs, printed
+
+
+def _cached_object_report(path):
+    """What compiling the cached object printed, if the object is there and is the one its fingerprint names (a
+    damaged object would fail the link, and a failed link means 'no libmvec' to _build_cpu); else None."""
+    try:
+        with open(path + ".txt", encoding="utf-8") as f:
+            fingerprint, _, report = f.read().partition("\n")
+        return report if _fingerprint(path) == fingerprint else None
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def _prune_objects(cache, keep_bytes=256 << 20):

@@ -236,8 +236,8 @@ TINY_TREE = {
 def test_units_are_compiled_once_and_the_diagnostics_build_shares_them(tmp_path, monkeypatch):
     """Compiled units are kept in the per-user cache, keyed by their command, text and the headers: a second build
     of the same sources compiles nothing and gives the same library and report; the diagnostics build compiles only
-    the units that read its macro (here through a header), with the macro, and takes the others' objects; a changed
-    header compiles every unit again."""
+    the units that read its macro (here through a header), with the macro, and takes the others' objects; a damaged
+    object is compiled again; a changed header compiles every unit again."""
     src = tmp_path / "src"
     for rel, text in TINY_TREE.items():
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -266,9 +266,14 @@ def test_units_are_compiled_once_and_the_diagnostics_build_shares_them(tmp_path,
     assert build("again") == first and compiled[1:] == []
     diag = build("diag", _build._DIAG_FLAGS)
     assert compiled[1:] == [{("cpu/front.cc", True)}] and diag[:2] == (1, 7)
+    # damaged cached objects are not their fingerprints': compiled again, not linked
+    for obj in (tmp_path / "cache" / "obj").glob("*.o"):
+        with open(obj, "r+b") as f:
+            f.write(b"\0" * 64)
+    assert build("repaired") == first and compiled[2:] == [{("cpu/front.cc", False), ("cpu/plain.cc", False)}]
     (src / "cpu/plain.h").write_text("#pragma once\n#define PLAIN_VALUE 8\n")
-    assert build("changed")[:2] == (0, 8) and compiled[2:] == [{("cpu/front.cc", False), ("cpu/plain.cc", False)}]
-    assert sorted(os.listdir(tmp_path)) == ["again", "cache", "changed", "diag", "first", "src"]
+    assert build("changed")[:2] == (0, 8) and compiled[3:] == [{("cpu/front.cc", False), ("cpu/plain.cc", False)}]
+    assert sorted(os.listdir(tmp_path)) == ["again", "cache", "changed", "diag", "first", "repaired", "src"]
 
 
 def test_only_the_front_end_units_read_the_diagnostics_macro():
