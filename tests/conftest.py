@@ -66,8 +66,8 @@ import mindspore as ms  # noqa: E402
 import ms_kldiv  # noqa: E402
 from ms_kldiv._env import cache_dir  # noqa: E402
 
-# MS_KLDIV_TEST_SYNC=1 (CI sets it): PyNative ops run synchronously (MindSpore's launch_blocking), except in the
-# modules marked ``async_dispatch``. Values and gradients are the same either way; on a small CPU machine the default
+# MS_KLDIV_TEST_SYNC=1 (CI's compatibility and client legs set it): PyNative ops run synchronously (MindSpore's
+# launch_blocking), except in the modules marked ``async_dispatch``. Values and gradients are the same either way; on a small CPU machine the default
 # asynchronous hand-offs between threads cost more CPU than the ops (docs/mindspore-notes.md). What depends on the
 # dispatch itself (the host call, Custom ops from several threads, the kernel tests) keeps the default.
 SYNC_DISPATCH = os.environ.get("MS_KLDIV_TEST_SYNC") == "1"
