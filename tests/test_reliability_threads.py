@@ -23,9 +23,12 @@ import pytest
 import mindspore as ms
 
 import ms_kldiv
-from conftest import BACKENDS, REDUCTIONS
+from conftest import BACKENDS, REDUCTIONS, SYNC_DISPATCH
 
-pytestmark = pytest.mark.async_dispatch  # threads racing through the dispatch users get (tests/conftest.py)
+# Threads racing through the dispatch users get, in a process that never ran synchronized: switched back to the
+# default after synchronous tests, 8 threads of composite ops died with SIGFPE in MindSpore (docs/mindspore-notes.md).
+pytestmark = pytest.mark.skipif(SYNC_DISPATCH, reason="MS_KLDIV_TEST_SYNC=1: the thread tests need MindSpore's "
+                                "default dispatch from the start of the process (CI runs them without it)")
 
 registry = importlib.import_module("ms_kldiv.backends")
 
