@@ -137,11 +137,16 @@ def source_hash(device, src=None):
     h.update(repr((device, flags, _compiler_id(device))).encode())
     if device != "GPU":
         h.update(CPU_EXPORT_MAP.encode())
-    for p in _sources(src, device) + _headers(src, device):
+    _hash_files(h, _sources(src, device) + _headers(src, device), src)
+    return h.hexdigest()[:16]
+
+
+def _hash_files(h, paths, src):
+    """Feed each file's name (relative to ``src``) and contents into the hash ``h``."""
+    for p in paths:
         h.update(os.path.relpath(p, src).encode())
         with open(p, "rb") as f:
             h.update(f.read())
-    return h.hexdigest()[:16]
 
 
 # --------------------------------------------------------------------------------------------- compilers
@@ -251,12 +256,9 @@ def _compile_units(cmds, units, src, tmp):
     """Compile each unit (``cmds[i]`` ends with ``-o <object>``), taking an object from the per-user cache when one
     was compiled from the same command, unit and headers: the diagnostics build differs from the product in two
     small units, and would otherwise compile the ISA units again. Returns (objects, what each compile printed)."""
-    cache, headers = _object_cache(), _headers(src, "CPU")
+    cache = _object_cache()
     digest = hashlib.sha256(repr(_compiler_id("CPU")).encode())
-    for p in headers:
-        digest.update(os.path.relpath(p, src).encode())
-        with open(p, "rb") as f:
-            digest.update(f.read())
+    _hash_files(digest, _headers(src, "CPU"), src)
     objs, printed, todo = [], [None] * len(cmds), []
     for i, (cmd, unit) in enumerate(zip(cmds, units)):
         h = digest.copy()
@@ -276,14 +278,12 @@ def _compile_units(cmds, units, src, tmp):
     for (i, cached), out in zip(todo, _run_parallel([cmds[i] for i, _ in todo], src) if todo else ()):
         printed[i] = out
         if cached:
-            staged = f"{cached}.tmp{os.getpid()}"
             try:  # the object, then its fingerprint and report (what makes it count as cached)
-                shutil.copyfile(cmds[i][-1], staged)
-                os.replace(staged, cached)
+                with open(cmds[i][-1], "rb") as f:
+                    _write_atomically(cached, f.read())
                 _write_atomically(cached + ".txt", f"{_fingerprint(cached)}\n{out}".encode())
             except OSError:  # a full or read-only cache only costs the next build its compile
-                with contextlib.suppress(OSError):
-                    os.remove(staged)
+                pass
     if cache and todo:
         _prune_objects(cache)
     return objs, printed
@@ -406,11 +406,16 @@ def build_one(device, out_dir, src=None):
 
 def _write_atomically(path, data):
     staged = f"{path}.tmp{os.getpid()}"
-    with open(staged, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(staged, path)
+    try:
+        with open(staged, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(staged, path)
+    except OSError:  # a full disk: no partial copy left behind under the staged name
+        with contextlib.suppress(OSError):
+            os.remove(staged)
+        raise
 
 
 def _fingerprint(path):
