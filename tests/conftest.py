@@ -66,7 +66,7 @@ import mindspore as ms  # noqa: E402
 import ms_kldiv  # noqa: E402
 from ms_kldiv._env import cache_dir  # noqa: E402
 
-# MS_KLDIV_TEST_SYNC=1 (CI's compatibility and client legs set it): PyNative ops run synchronously (MindSpore's
+# MS_KLDIV_TEST_SYNC=1 (CI's legs set it: .ci/run, .ci/slow): PyNative ops run synchronously (MindSpore's
 # launch_blocking), except in the modules marked ``async_dispatch``. Values and gradients are the same either way; on a
 # small CPU machine with several test processes per core the default asynchronous hand-offs between threads cost more
 # CPU than the ops (docs/mindspore-notes.md). What depends on the dispatch itself (the host call, the kernel tests)
