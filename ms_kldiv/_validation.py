@@ -19,6 +19,58 @@ FLOAT_DTYPES = (ms.float16, ms.bfloat16, ms.float32, ms.float64)
 HALF_DTYPES = (ms.float16, ms.bfloat16)
 
 
+# ------------------------------------------------------------------------------------------- checks on the host
+class TensorMeta:
+    """What the checks read of a Tensor, as constants: its shape (``ops.shape``: unknown dims None or -1, an unknown
+    rank ``(-2,)``) and dtype. While a graph compiles, a constexpr receives only a placeholder for a variable
+    Tensor (None on MindSpore 2.7/2.8), so ``on_host`` checks get this instead."""
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape, dtype):
+        self.shape = tuple(shape)
+        self.dtype = dtype
+
+    @property
+    def ndim(self):
+        return None if -2 in self.shape else len(self.shape)
+
+
+_DESCRIBED = "ms_kldiv.described_tensor"
+
+
+def described(value):
+    """``value`` as an ``on_host`` check takes it: a Tensor as its shape and dtype, anything else as it is."""
+    if isinstance(value, Tensor):
+        return (_DESCRIBED, ops.shape(value), value.dtype)
+    return value
+
+
+def _restored(value):
+    if isinstance(value, tuple) and len(value) == 3 and isinstance(value[0], str) and value[0] == _DESCRIBED:
+        return TensorMeta(value[1], value[2])
+    return value
+
+
+def on_host(check):
+    """``check`` (plain Python over shapes, dtypes and Python values) as a constexpr taking ``described``
+    arguments: in graph code it runs once, in Python, while the graph compiles, and nothing of it is parsed into
+    the graph (parsing and specializing the checks took a fifth of a distillation loss's compile); in PyNative
+    it is a plain call."""
+    def run(*args):
+        return check(*(_restored(a) for a in args))
+    run.__name__ = run.__qualname__ = check.__name__
+    return constexpr(run, check=False)
+
+
+def is_tensor(value):
+    return isinstance(value, (Tensor, TensorMeta))
+
+
+def shape_of(value):
+    """A Tensor's ``ops.shape`` (unknown dims None or -1 in graph code), or a TensorMeta's shape."""
+    return value.shape if isinstance(value, TensorMeta) else ops.shape(value)
+
+
 def check_reduction(reduction, log_target, name="kl_div", allowed=REDUCTIONS):
     if not isinstance(reduction, str):
         raise TypeError(f"For '{name}', 'reduction' must be a str, but got {type(reduction).__name__}: {reduction!r}.")
@@ -97,16 +149,16 @@ def check_tensors(input, target, name="kl_div", names=("input", "target"), min_r
     number of dims each operand must have (1 for logits: the classes are on the last axis). ``shapes``: the
     shape rule, a constexpr (shape_a, shape_b, name, names); default NumPy broadcasting."""
     for arg_name, value in zip(names, (input, target)):
-        if not isinstance(value, Tensor):
+        if not is_tensor(value):
             raise TypeError(f"For '{name}', '{arg_name}' must be a mindspore.Tensor, "
                             f"but got {type(value).__name__}.")
         if value.dtype not in FLOAT_DTYPES:
             raise TypeError(f"For '{name}', '{arg_name}' must have a floating dtype "
                             f"(float16, bfloat16, float32, float64), but got {value.dtype}.")
-        if value.ndim < min_rank:
+        if value.ndim is not None and value.ndim < min_rank:
             raise ValueError(f"For '{name}', '{arg_name}' must have at least {min_rank} dimension(s) (the classes "
                              f"on the last axis), but got a {value.ndim}-d Tensor.")
-    (kldiv_broadcast_shape if shapes is None else shapes)(ops.shape(input), ops.shape(target), name, names)
+    (kldiv_broadcast_shape if shapes is None else shapes)(shape_of(input), shape_of(target), name, names)
     return promote(input.dtype, target.dtype)
 
 
@@ -171,13 +223,13 @@ def check_labels(labels, rows_shape, name):
     """``labels``: None, or an int32/int64 Tensor of the logits' leading shape."""
     if labels is None:
         return
-    if not isinstance(labels, Tensor):
+    if not is_tensor(labels):
         raise TypeError(f"For '{name}', 'labels' must be a mindspore.Tensor or None, but got {type(labels).__name__}.")
     if labels.dtype not in INT_DTYPES:
         raise TypeError(f"For '{name}', 'labels' must have dtype int32 or int64, but got {labels.dtype}.")
-    if None not in tuple(rows_shape) and -1 not in tuple(rows_shape) and tuple(labels.shape) != tuple(rows_shape):
+    if None not in tuple(rows_shape) and -1 not in tuple(rows_shape) and tuple(shape_of(labels)) != tuple(rows_shape):
         raise ValueError(f"For '{name}', 'labels' must have the logits' leading shape {tuple(rows_shape)}, "
-                         f"but got {tuple(labels.shape)}.")
+                         f"but got {tuple(shape_of(labels))}.")
 
 
 # ------------------------------------------------------------------------------------------ stored (sparse) teachers
@@ -241,7 +293,7 @@ def _stored_shapes(lead, ids_shape, vals_shape, name):
 def check_stored_teacher(teacher_ids, teacher_values, lead, mode, name):
     """Types, dtypes and shapes of a stored teacher for rows of leading shape ``lead`` (``ops.shape``)."""
     for arg_name, value in (("teacher_ids", teacher_ids), ("teacher_values", teacher_values)):
-        if not isinstance(value, Tensor):
+        if not is_tensor(value):
             raise TypeError(f"For '{name}', '{arg_name}' must be a mindspore.Tensor, but got {type(value).__name__}.")
     if teacher_ids.dtype not in INT_DTYPES:
         raise TypeError(f"For '{name}', 'teacher_ids' must have dtype int32 or int64, but got {teacher_ids.dtype}.")
@@ -249,7 +301,7 @@ def check_stored_teacher(teacher_ids, teacher_values, lead, mode, name):
     if teacher_values.dtype not in value_dtypes:
         kind = "counts (int32, int64 or a float dtype)" if mode == "sampled" else "log-probabilities (a float dtype)"
         raise TypeError(f"For '{name}', 'teacher_values' must hold {kind}, but got {teacher_values.dtype}.")
-    _stored_shapes(lead, ops.shape(teacher_ids), ops.shape(teacher_values), name)
+    _stored_shapes(lead, shape_of(teacher_ids), shape_of(teacher_values), name)
 
 
 def check_stored_data(teacher_ids, teacher_values, vocab, mode, labels, ignore_index, name):
@@ -278,12 +330,12 @@ def check_stored_data(teacher_ids, teacher_values, vocab, mode, labels, ignore_i
 # ------------------------------------------------------------------------------------------------- row weights
 def check_weights(weights, lead, name):
     """``weights``: a float Tensor of the logits' leading shape ``lead`` (``ops.shape``)."""
-    if not isinstance(weights, Tensor):
+    if not is_tensor(weights):
         raise TypeError(f"For '{name}', 'weights' must be a mindspore.Tensor or None, but got "
                         f"{type(weights).__name__}.")
     if weights.dtype not in FLOAT_DTYPES:
         raise TypeError(f"For '{name}', 'weights' must have a floating dtype, but got {weights.dtype}.")
-    leading_shape(ops.shape(weights), lead, "weights", name)
+    leading_shape(shape_of(weights), lead, "weights", name)
 
 
 def check_weights_data(weights, name):
@@ -374,7 +426,7 @@ def check_num_items(num_items, reduction, name):
     if reduction not in ("batchmean", "tokenmean"):
         raise ValueError(f"For '{name}', 'num_items_in_batch' replaces the count of 'batchmean' / 'tokenmean', but "
                          f"'reduction' is {reduction!r}.")
-    if isinstance(num_items, Tensor):
+    if is_tensor(num_items):
         if num_items.dtype not in FLOAT_DTYPES + (ms.int32, ms.int64) or len(num_items.shape) != 0:
             raise TypeError(f"For '{name}', 'num_items_in_batch' must be a number or a 0-d int/float Tensor, but "
                             f"got a {num_items.dtype} Tensor of shape {num_items.shape}.")

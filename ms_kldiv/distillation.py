@@ -13,8 +13,8 @@ from mindspore import nn, ops
 from mindspore.ops import constexpr
 
 from . import _validation
-from ._distill_math import KL, _pairwise, constants, log_mixture, log_softmax_plain, transformed
-from .backends import _device_target_const, check_name_const, compiled, distill, get_distill_kernels
+from ._distill_math import KL, Variant, _pairwise, constants, log_mixture, log_softmax_plain, transformed
+from .backends import _device_target_const, check_name, compiled, distill, get_distill_kernels
 from .backends.vocab_parallel import VocabParallelKernels, vocab_group
 from .functional import kl_div
 from .reference import DISTILL_REDUCTIONS
@@ -46,7 +46,7 @@ def _check_options(temperature, reduction, beta, ignore_index, backend, name):
     _validation.check_int(ignore_index, "ignore_index", name)
     # Up front: the composition reaches kl_div (which would check it) only after both log-softmaxes.
     _validation.check_backend(backend, name)
-    check_name_const(backend, name)
+    check_name(backend, name)
 
 
 def _check_sliced(group, reduction, num_items, name):
@@ -55,27 +55,47 @@ def _check_sliced(group, reduction, num_items, name):
     _validation.check_num_items(num_items, reduction, name)
 
 
-def _check_args(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend, name,
-                weights=None, group=None):
-    """All checks, before anything runs; returns the promoted dtype. Plain Python, so it also runs at graph
-    compile time."""
+def _check_args_host(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend,
+                     name, weights, group, num_items):
     _check_options(temperature, reduction, beta, ignore_index, backend, name)
+    _check_sliced(group, reduction, num_items, name)
     dtype = _validation.check_tensors(student_logits, teacher_logits, name, ("student_logits", "teacher_logits"),
-                                      min_rank=1, shapes=_validation.kldiv_logits_shapes)
+                                      min_rank=1, shapes=_validation.logits_shapes)
+    s_shape, t_shape = student_logits.shape, teacher_logits.shape
     if group is not None:
         _validation.check_vocab_parallel_dtype(dtype, name)
-        if student_logits.shape != teacher_logits.shape:
+        if s_shape != t_shape:
             raise ValueError(f"For '{name}', 'vocab_parallel_group' needs student and teacher logits of one shape "
-                             f"(each rank's slice of both), but got {student_logits.shape} and "
-                             f"{teacher_logits.shape}.")
+                             f"(each rank's slice of both), but got {s_shape} and {t_shape}.")
     if weights is not None:
-        _validation.check_weights(weights, ops.shape(student_logits)[:-1], name)
+        _validation.check_weights(weights, s_shape[:-1], name)
     if labels is not None:
-        if student_logits.shape != teacher_logits.shape:
+        if s_shape != t_shape:
             raise ValueError(f"For '{name}', 'labels' needs student and teacher logits of one shape, but got "
-                             f"{student_logits.shape} and {teacher_logits.shape}.")
-        _validation.check_labels(labels, student_logits.shape[:-1], name)
+                             f"{s_shape} and {t_shape}.")
+        _validation.check_labels(labels, s_shape[:-1], name)
     return dtype
+
+
+_checked_args = _validation.on_host(_check_args_host)
+
+
+@_validation.on_host
+def _check_call(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend, weights,
+                group, num_items, divergence, alpha, softcap, logit_scale):
+    """distillation_loss's checks: (promoted dtype, the fields of the checked ``Variant``)."""
+    variant = _validation.check_variant(divergence, alpha, softcap, logit_scale, beta, _NAME)
+    return (_check_args_host(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index,
+                             backend, _NAME, weights, group, num_items),) + tuple(variant)
+
+
+def _check_args(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend, name,
+                weights=None, group=None, num_items=None):
+    """All checks, before anything runs; returns the promoted dtype."""
+    described = _validation.described
+    return _checked_args(described(student_logits), described(teacher_logits), temperature, reduction, beta,
+                         described(labels), ignore_index, backend, name, described(weights), group,
+                         described(num_items))
 
 
 def _log_probs(logits, temperature, compute_dtype, keep=None, variant=KL):
@@ -506,10 +526,11 @@ def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction
         >>> print(loss.shape, loss.dtype, f"{float(loss):.4f}")
         () Float32 0.2660
     """
-    variant = _validation.check_variant(divergence, alpha, softcap, logit_scale, beta, _NAME)
-    _check_sliced(vocab_parallel_group, reduction, num_items_in_batch, _NAME)
-    dtype = _check_args(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend,
-                        _NAME, weights, vocab_parallel_group)
+    dtype, *variant = _check_call(_validation.described(student_logits), _validation.described(teacher_logits),
+                                  temperature, reduction, beta, _validation.described(labels), ignore_index, backend,
+                                  _validation.described(weights), vocab_parallel_group,
+                                  _validation.described(num_items_in_batch), divergence, alpha, softcap, logit_scale)
+    variant = Variant(*variant)
     if weights is not None and not compiled(weights):
         _validation.check_weights_data(weights, _NAME)
     return _distill(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend,
@@ -565,9 +586,9 @@ class DistillationLoss(nn.Cell):
         self.backend = backend
 
     def construct(self, student_logits, teacher_logits, labels=None, weights=None, num_items_in_batch=None):
-        _validation.check_num_items(num_items_in_batch, self.reduction, "DistillationLoss")
         dtype = _check_args(student_logits, teacher_logits, self.temperature, self.reduction, self.beta, labels,
-                            self.ignore_index, self.backend, "DistillationLoss", weights, self.vocab_parallel_group)
+                            self.ignore_index, self.backend, "DistillationLoss", weights, self.vocab_parallel_group,
+                            num_items_in_batch)
         if weights is not None and not compiled(weights):
             _validation.check_weights_data(weights, "DistillationLoss")
         return _distill(student_logits, teacher_logits, self.temperature, self.reduction, self.beta, labels,

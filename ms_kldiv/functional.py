@@ -52,9 +52,12 @@ def kl_div(input, target, reduction="mean", log_target=False, *, backend="auto",
     return op(*promoted_operands(input, target))
 
 
+_checked_tensors = _validation.on_host(_validation.check_tensors)
+
+
 def promoted_operands(input, target, name="kl_div"):
     """Checked operands, both cast to their promoted float dtype (what every backend op receives)."""
-    dtype = _validation.check_tensors(input, target, name)
+    dtype = _checked_tensors(_validation.described(input), _validation.described(target), name)
     if input.dtype != dtype:
         input = ops.cast(input, dtype)
     if target.dtype != dtype:

@@ -636,24 +636,32 @@ def _rows(hidden):
 
 
 def _check_inputs(hs, ws, ht, wt, labels, bs, bt, hard_weight, name, teacher_is_logits=False, vocab_check=True):
-    """Every argument check, before anything runs. ``teacher_is_logits``: ``ht`` holds the teacher's logits. The
-    shapes are checked on their static form (``ops.shape``: -1 for a dynamic dimension) at compile time: a check on
-    a dynamic dimension's run-time value would leave a Python raise in the graph."""
+    """Every argument check, before anything runs. ``teacher_is_logits``: ``ht`` holds the teacher's logits."""
+    d = _validation.described
+    _checked_inputs(d(hs), d(ws), d(ht), d(wt), d(labels), d(bs), d(bt), hard_weight, name, teacher_is_logits,
+                    vocab_check)
+
+
+@_validation.on_host
+def _checked_inputs(hs, ws, ht, wt, labels, bs, bt, hard_weight, name, teacher_is_logits, vocab_check):
+    """_check_inputs on the host. The shapes are checked on their static form (``ops.shape``: -1 for a dynamic
+    dimension) at compile time: a check on a dynamic dimension's run-time value would leave a raise in the graph."""
+    is_tensor, shape_of = _validation.is_tensor, _validation.shape_of
     tensors = (("student_hidden", hs), ("student_weight", ws),
                ("teacher_logits" if teacher_is_logits else "teacher_hidden", ht))
     for arg, value in tensors + (() if teacher_is_logits else (("teacher_weight", wt),)):
-        if not isinstance(value, Tensor):
+        if not is_tensor(value):
             raise TypeError(f"For '{name}', '{arg}' must be a mindspore.Tensor, but got {type(value).__name__}.")
         if value.dtype not in _validation.FLOAT_DTYPES:
             raise TypeError(f"For '{name}', '{arg}' must have a floating dtype, but got {value.dtype}.")
     for arg, value in (("student_bias", bs), ("teacher_bias", bt)):
-        if value is not None and (not isinstance(value, Tensor) or value.dtype not in _validation.FLOAT_DTYPES):
+        if value is not None and (not is_tensor(value) or value.dtype not in _validation.FLOAT_DTYPES):
             raise ValueError(f"For '{name}', '{arg}' must be a floating Tensor of shape (V,).")
-    if labels is not None and (not isinstance(labels, Tensor) or labels.dtype not in (ms.int32, ms.int64)):
+    if labels is not None and (not is_tensor(labels) or labels.dtype not in (ms.int32, ms.int64)):
         raise TypeError(f"For '{name}', 'labels' must be an int32 or int64 Tensor.")
-    _check_shapes(ops.shape(hs), ops.shape(ws), ops.shape(ht), None if teacher_is_logits else ops.shape(wt),
-                  None if labels is None else ops.shape(labels), None if bs is None else ops.shape(bs),
-                  None if bt is None else ops.shape(bt), hard_weight != 0, name, vocab_check)
+    _check_shapes(shape_of(hs), shape_of(ws), shape_of(ht), None if teacher_is_logits else shape_of(wt),
+                  None if labels is None else shape_of(labels), None if bs is None else shape_of(bs),
+                  None if bt is None else shape_of(bt), hard_weight != 0, name, vocab_check)
 
 
 @constexpr(check=False)

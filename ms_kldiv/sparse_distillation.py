@@ -9,7 +9,7 @@ gradient. The math is ``ms_kldiv._sparse_math``; ``ms_kldiv.reference.sparse_sup
 import functools
 
 import mindspore as ms
-from mindspore import Tensor, nn, ops
+from mindspore import nn, ops
 
 from . import _validation
 from .backends import _device_target_const, check_name_const, compiled, get_kernels, sparse
@@ -33,24 +33,33 @@ def _check_options(mode, temperature, teacher_temperature, beta, reduction, igno
     check_name_const(backend, name)
 
 
-def _check_args(student_logits, teacher_ids, teacher_values, mode, labels, name):
-    """Types, dtypes and shapes, plain Python (also at graph compile time)."""
-    if not isinstance(student_logits, Tensor):
+def _check_args_host(student_logits, teacher_ids, teacher_values, mode, labels, name, reduction, num_items):
+    """Types, dtypes and shapes (``_validation.on_host``: at graph compile time, nothing of it in the graph)."""
+    _validation.check_num_items(num_items, reduction, name)
+    if not _validation.is_tensor(student_logits):
         raise TypeError(f"For '{name}', 'student_logits' must be a mindspore.Tensor, "
                         f"but got {type(student_logits).__name__}.")
     if student_logits.dtype not in _validation.FLOAT_DTYPES:
         raise TypeError(f"For '{name}', 'student_logits' must have a floating dtype (float16, bfloat16, float32, "
                         f"float64), but got {student_logits.dtype}.")
-    if student_logits.ndim < 1:
+    s_shape = tuple(_validation.shape_of(student_logits))
+    if not s_shape:
         raise ValueError(f"For '{name}', 'student_logits' must have at least 1 dimension (the classes on the last "
                          f"axis), but got a 0-d Tensor.")
-    _validation.stored_vocab(ops.shape(student_logits), name)
-    _validation.check_stored_teacher(teacher_ids, teacher_values, ops.shape(student_logits)[:-1], mode, name)
+    _validation.stored_vocab(s_shape, name)
+    _validation.check_stored_teacher(teacher_ids, teacher_values, s_shape[:-1], mode, name)
     if labels is not None:
-        # type and dtype here; the shape in a constexpr (under dynamic shapes a comparison in graph code would be a
-        # run-time value)
         _validation.check_labels(labels, (None,), name)
-        _validation.leading_shape(ops.shape(labels), ops.shape(student_logits)[:-1], "labels", name)
+        _validation.leading_shape(_validation.shape_of(labels), s_shape[:-1], "labels", name)
+
+
+_checked_args = _validation.on_host(_check_args_host)
+
+
+def _check_args(student_logits, teacher_ids, teacher_values, mode, labels, name, reduction, num_items):
+    described = _validation.described
+    _checked_args(described(student_logits), described(teacher_ids), described(teacher_values), mode,
+                  described(labels), name, reduction, described(num_items))
 
 
 @functools.lru_cache(maxsize=None)
@@ -182,8 +191,7 @@ def sparse_distillation_loss(student_logits, teacher_ids, teacher_values, *, mod
     """
     _check_options(mode, temperature, teacher_temperature, beta, reduction, ignore_index, backend, _NAME)
     _validation.check_vocab_parallel(vocab_parallel_group, "sum", _NAME)
-    _validation.check_num_items(num_items_in_batch, reduction, _NAME)
-    _check_args(student_logits, teacher_ids, teacher_values, mode, labels, _NAME)
+    _check_args(student_logits, teacher_ids, teacher_values, mode, labels, _NAME, reduction, num_items_in_batch)
     return _sparse(student_logits, teacher_ids, teacher_values, mode, float(temperature), float(teacher_temperature),
                    float(beta), reduction, labels, ignore_index, backend, vocab_parallel_group, num_items_in_batch)
 
@@ -218,8 +226,8 @@ class SparseDistillationLoss(nn.Cell):
         self.backend = backend
 
     def construct(self, student_logits, teacher_ids, teacher_values, labels=None, num_items_in_batch=None):
-        _validation.check_num_items(num_items_in_batch, self.reduction, "SparseDistillationLoss")
-        _check_args(student_logits, teacher_ids, teacher_values, self.mode, labels, "SparseDistillationLoss")
+        _check_args(student_logits, teacher_ids, teacher_values, self.mode, labels, "SparseDistillationLoss",
+                    self.reduction, num_items_in_batch)
         return _sparse(student_logits, teacher_ids, teacher_values, self.mode, self.temperature,
                        self.teacher_temperature, self.beta, self.reduction, labels, self.ignore_index, self.backend,
                        self.vocab_parallel_group, num_items_in_batch)
