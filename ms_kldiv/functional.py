@@ -46,13 +46,18 @@ def kl_div(input, target, reduction="mean", log_target=False, *, backend="auto",
         -0.225
     """
     reduction = _validation.legacy_reduction(size_average, reduce, reduction)
-    _validation.check_reduction(reduction, log_target)
-    _validation.check_backend(backend)
+    _checked_options(reduction, log_target, backend)
     op = get_op(backend, reduction, log_target, compiled(input))
     return op(*promoted_operands(input, target))
 
 
 _checked_tensors = _validation.on_host(_validation.check_tensors)
+
+
+@_validation.on_host
+def _checked_options(reduction, log_target, backend):
+    _validation.check_reduction(reduction, log_target)
+    _validation.check_backend(backend)
 
 
 def promoted_operands(input, target, name="kl_div"):

@@ -566,11 +566,11 @@ class FusedLinearDistillationLoss(nn.Cell):
 
     def _run(self, core, student_hidden, student_weight, student_bias, teacher_rows, teacher_weight, teacher_bias,
              labels, weights=None, num_items=None):
-        _validation.check_num_items(num_items, "tokenmean", _NAME)
+        d = _validation.described
+        _checked_run_inputs(d(student_hidden), d(weights), d(num_items))
         hs = _rows(student_hidden)
         vocab = student_weight.shape[0]
         if weights is not None:
-            _validation.check_weights(weights, ops.shape(student_hidden)[:-1], _NAME)
             if not compiled(weights):
                 _validation.check_weights_data(weights, _NAME)
         if labels is None:
@@ -640,6 +640,13 @@ def _check_inputs(hs, ws, ht, wt, labels, bs, bt, hard_weight, name, teacher_is_
     d = _validation.described
     _checked_inputs(d(hs), d(ws), d(ht), d(wt), d(labels), d(bs), d(bt), hard_weight, name, teacher_is_logits,
                     vocab_check)
+
+
+@_validation.on_host
+def _checked_run_inputs(student_hidden, weights, num_items):
+    _validation.check_num_items(num_items, "tokenmean", _NAME)
+    if weights is not None:
+        _validation.check_weights(weights, _validation.shape_of(student_hidden)[:-1], _NAME)
 
 
 @_validation.on_host
