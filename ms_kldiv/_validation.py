@@ -193,9 +193,6 @@ def logits_shapes(student_shape, teacher_shape, name, names=("student_logits", "
     return out
 
 
-kldiv_logits_shapes = constexpr(logits_shapes, check=False)
-
-
 def check_number(value, arg_name, name, low=-math.inf, high=math.inf, low_open=False):
     """A finite int or float in [low, high] ((low, high] with ``low_open``); bool is refused (an int subclass,
     always a mistake here)."""
