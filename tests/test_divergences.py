@@ -173,13 +173,15 @@ def test_skew_with_alpha_zero(backend, exec_mode, divergence):
     np.testing.assert_allclose(to_numpy(dt), central_differences(lambda y: f(s, y), t), atol=3e-6)
 
 
-MIXTURE_KINDS = (dict(divergence="kl", beta=0.5), dict(divergence="skew_kl", alpha=0.1),
-                 dict(divergence="skew_rkl", alpha=0.3))
+# the kinds with vector loops of their own in the CPU kernels (forward and reverse KL take the compiler's)
+VECTOR_KINDS = (dict(divergence="kl", beta=0.5), dict(divergence="skew_kl", alpha=0.1),
+                dict(divergence="skew_rkl", alpha=0.3), dict(divergence="tvd"),
+                dict(divergence="symmetric_kl", alpha=0.3))
 
 
 @functools.lru_cache(maxsize=None)
-def _mixture_case(kind, dtype):
-    """Inputs of test_mixture_kinds_at_vector_widths as rounded to ``dtype`` and their float64 value and gradients
+def _vector_case(kind, dtype):
+    """Inputs of test_divergences_at_vector_widths as rounded to ``dtype`` and their float64 value and gradients
     (central differences: seconds, so once per kind and dtype for every backend and mode)."""
     rng = np.random.default_rng(203)
     s = rng.normal(size=(3, 203)) * 2
@@ -190,23 +192,23 @@ def _mixture_case(kind, dtype):
     mstype = getattr(ms, dtype)
     s_in, t_in = Tensor(s.astype(np.float32), mstype), Tensor(t.astype(np.float32), mstype)
     sr, tr = to_numpy(s_in), to_numpy(t_in)  # the inputs as rounded
-    beta, kw = _ref_kwargs(MIXTURE_KINDS[kind])
+    beta, kw = _ref_kwargs(VECTOR_KINDS[kind])
     f = lambda x, y: ref.distillation_loss(x, y, 2.0, "batchmean", beta, **kw)  # noqa: E731
     return ((s_in, t_in), f(sr, tr), central_differences(lambda x: f(x, tr), sr),
             central_differences(lambda y: f(sr, y), tr))
 
 
 @pytest.mark.parametrize("dtype", ("float32", "float16", "bfloat16"))
-@pytest.mark.parametrize("kind", range(len(MIXTURE_KINDS)), ids=("jsd", "skew_kl", "skew_rkl"))
+@pytest.mark.parametrize("kind", range(len(VECTOR_KINDS)), ids=("jsd", "skew_kl", "skew_rkl", "tvd", "symmetric_kl"))
 @pytest.mark.parametrize("exec_mode", ("pynative", "graph"))
 @pytest.mark.parametrize("backend", DISTILL_BACKENDS)
-def test_mixture_kinds_at_vector_widths(backend, exec_mode, kind, dtype):
-    """V = 203 (twelve 16-lane vectors and a tail of 11: the CPU kernels' vector loops and their scalar rest) in
-    each input dtype, with -inf padding inside a vector and a peaked row whose mixture falls below float32's normal
-    range: the value and both gradients within one rounding of their dtype of the float64 reference on the rounded
-    inputs."""
-    (s_in, t_in), want_value, want_ds, want_dt = _mixture_case(kind, dtype)
-    grad_fn = ms.value_and_grad(MeanLoss(MIXTURE_KINDS[kind], backend), grad_position=(0, 1))
+def test_divergences_at_vector_widths(backend, exec_mode, kind, dtype):
+    """V = 203 (twelve 16-lane vectors on AVX-512, six 32-lane ones on AVX2, and a tail of 11: the CPU kernels'
+    vector loops and their scalar rest) in each input dtype, with -inf padding inside a vector and a peaked row whose
+    probabilities fall below float32's normal range (the exponential's general path, the mixture's log-space bound):
+    the value and both gradients within one rounding of their dtype of the float64 reference on the rounded inputs."""
+    (s_in, t_in), want_value, want_ds, want_dt = _vector_case(kind, dtype)
+    grad_fn = ms.value_and_grad(MeanLoss(VECTOR_KINDS[kind], backend), grad_position=(0, 1))
     with graph_mode() if exec_mode == "graph" else contextlib.nullcontext():
         value, (ds, dt) = grad_fn(s_in, t_in)
     # the loss and gradients come back in the inputs' dtype: one rounding of it (float32: of its arithmetic)
