@@ -1,6 +1,7 @@
 """libkldiv_cuda.so's distillation kernels at LLM sizes vs torch's eager loss, on a CUDA device (torch only).
 
     PYTHONPATH=. python benchmarks/gpu/bench_distill.py [--sizes 4096x32000,8192x131072] [--dtypes float32,bfloat16]
+        [--json FILE]
 
 For each size and dtype: the fused forward (``DistillFwd``: one row's statistics) and backward (``DistillBwd``:
 both gradients) of every divergence, median of CUDA-event timings after warm-up, with
@@ -11,8 +12,11 @@ both gradients) of every divergence, median of CUDA-event timings after warm-up,
 - the stored-teacher kernels (``SparseFwd``/``SparseBwd``, top-64 teacher) on the same student;
 - torch's eager forward KL (log_softmax of both, ``F.kl_div(log_target=True)``, float32 math, autograd for both
   gradients) and its peak memory above the inputs: what a TRL-style loss costs without fusion.
+
+``--json FILE`` also writes every fused timing, {"ROWSxVOCAB DTYPE": {"OP PART": ms}} (compare_builds.py reads it).
 """
 import argparse
+import json
 import os
 import sys
 
@@ -46,7 +50,7 @@ def bench_size(rows, vocab, dtype_name, reps, temperature=2.0):
     copy = timed(lambda: s.clone(), reps)
     print(f"{'op':34s} {'ms':>9s} {'GB/s':>8s} {'of copy':>8s} {'x fkl':>7s}")
     print(f"{'copy (torch clone)':34s} {copy * 1e3:9.3f} {2 * n_bytes / copy / 1e9:8.0f}")
-    base, fused = {}, {}
+    base, fused, times = {}, {}, {"copy": copy * 1e3}
     for name, (div, beta, alpha) in VARIANTS.items():
         hyper = torch.tensor([temperature, beta, CODES[div], alpha, 0.0, 1.0], dtype=torch.float64, device=DEVICE)
 
@@ -59,6 +63,7 @@ def bench_size(rows, vocab, dtype_name, reps, temperature=2.0):
         fwd()
         for part, fn, moved in (("fwd", fwd, 2), ("bwd", bwd, 4)):
             sec = timed(fn, reps)
+            times[f"{name} {part}"] = sec * 1e3
             base.setdefault(part, sec)
             print(f"{name + ' ' + part:34s} {sec * 1e3:9.3f} {moved * n_bytes / sec / 1e9:8.0f} "
                   f"{(moved / 2) * copy / sec:8.2f} {sec / base[part]:7.2f}")
@@ -78,6 +83,7 @@ def bench_size(rows, vocab, dtype_name, reps, temperature=2.0):
     sparse_fwd()
     for part, fn, moved in (("fwd", sparse_fwd, 1), ("bwd", sparse_bwd, 2)):
         sec = timed(fn, reps)
+        times[f"stored top-{TOP_K} {part}"] = sec * 1e3
         print(f"{'stored top-' + str(TOP_K) + ' ' + part:34s} {sec * 1e3:9.3f} {moved * n_bytes / sec / 1e9:8.0f} "
               f"{(moved / 2) * copy / sec:8.2f}")
 
@@ -98,6 +104,7 @@ def bench_size(rows, vocab, dtype_name, reps, temperature=2.0):
               f"{eager / ours:.2f}x faster; torch peak {peak:.2f} GiB above the inputs, fused 0 + ds, dt)")
     except torch.cuda.OutOfMemoryError:
         print("torch eager fkl fwd+bwd: out of memory")
+    return times
 
 
 def main(argv=None):
@@ -105,6 +112,7 @@ def main(argv=None):
     p.add_argument("--sizes", default="4096x32000,8192x131072")
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--json", help="also write the fused timings (ms) to this file")
     args = p.parse_args(argv)
     reason = torch_cuda_reason()
     if reason:
@@ -113,11 +121,15 @@ def main(argv=None):
     import torch
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
     print(f"library: {lib().KLDivLibInfo().decode()}")
+    results = {}
     for size in args.sizes.split(","):
         rows, vocab = (int(v) for v in size.split("x"))
         for dtype_name in args.dtypes.split(","):
-            bench_size(rows, vocab, dtype_name, args.reps)
+            results[f"{size} {dtype_name}"] = bench_size(rows, vocab, dtype_name, args.reps)
             torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=1)
     return 0
 
 

@@ -133,15 +133,44 @@ __device__ __forceinline__ S group_reduce(S v, Merge merge, S empty, S *part) {
 }
 
 // ------------------------------------------------------------------------------------------ element loops
-// f(s_j, t_j) for this thread's elements of one row (lane of R), in float (raw logits).
-template <int R, typename T, typename F>
-__device__ __forceinline__ void for_each_pair(const T *s, const T *t, int64_t vocab, int lane, bool vec, F &&f) {
+// The forward loops sum their per-class terms in float and add them to the row's double state every this many
+// classes (a packet's end) and before a base moves, as the stored-teacher forward does (kldiv_device.cuh): a
+// float-to-double conversion and a double add per class and sum are the slow part of Hopper's per-class work.
+// DISTILL_CUDA_FLUSH_EVERY=1 builds the per-class double sums (each term added at once), to compare the two on a
+// device (benchmarks/gpu/compare_builds.py).
+#ifndef DISTILL_CUDA_FLUSH_EVERY
+#define DISTILL_CUDA_FLUSH_EVERY 16
+#endif
+constexpr int kFlushEvery = DISTILL_CUDA_FLUSH_EVERY;
+static_assert(kFlushEvery == 1 || kFlushEvery % 8 == 0, "whole packets (4 or 8 classes) between flushes");
+
+// f(s_j, t_j) for this thread's elements of one row (lane of R), in float (raw logits); flush() after every
+// kFlushEvery of them and after the last.
+template <int R, typename T, typename F, typename Flush>
+__device__ __forceinline__ void for_each_pair(const T *s, const T *t, int64_t vocab, int lane, bool vec, F &&f,
+                                              Flush &&flush) {
+  constexpr int kN = Vec16<T>::kN;
+  int pending = 0;  // classes since the last flush
   const int64_t done =
       for_each_packet_pair(s, t, vocab, lane, R, vec, [&](int64_t, const Vec16<T> &a, const Vec16<T> &b) {
 #pragma unroll
-        for (int j = 0; j < Vec16<T>::kN; ++j) f(to_c(a.v[j]), to_c(b.v[j]));
+        for (int j = 0; j < kN; ++j) {
+          f(to_c(a.v[j]), to_c(b.v[j]));
+          if (kFlushEvery == 1) flush();
+        }
+        if (kFlushEvery > 1 && (pending += kN) == kFlushEvery) {
+          flush();
+          pending = 0;
+        }
       });
-  for (int64_t k = done + lane; k < vocab; k += R) f(to_c(s[k]), to_c(t[k]));
+  for (int64_t k = done + lane; k < vocab; k += R) {
+    f(to_c(s[k]), to_c(t[k]));
+    if (++pending == kFlushEvery) {
+      flush();
+      pending = 0;
+    }
+  }
+  flush();
 }
 
 // ------------------------------------------------------------------------------------------ forward
@@ -174,12 +203,21 @@ __device__ __forceinline__ void forward_kl_row(const T *s, const T *t, int64_t v
   float mp = -INFINITY, mq = -INFINITY;           // the true maxima
   const float lazy = kLazyRescale / h.inv_t;     // in logit units
   const bool p_is_teacher = h.kind != kRevKl;
+  float zp = 0.0f, zq = 0.0f, w = 0.0f, w_q = 0.0f;  // the sums since the last flush (kFlushEvery)
+  const auto flush = [&] {
+    k.p.z += zp;
+    k.q.z += zq;
+    k.w += w;
+    if constexpr (kSym) st.w_q += w_q;
+    zp = zq = w = w_q = 0.0f;
+  };
   for_each_pair<R>(s, t, vocab, lane, vec, [&](float zs, float zt) {
     const float vs = value<kTf>(h.f, zs), vt = value<kTf>(h.f, zt);
     const float vp = p_is_teacher ? vt : vs, vq = p_is_teacher ? vs : vt;
     mp = vp > mp ? vp : mp;
     mq = vq > mq ? vq : mq;
     if (vp > lp || vq > lq) {
+      flush();
       Pass::move(&st, max_of(k.p.m, vp), max_of(k.q.m, vq), h.inv_t);
       bp = (float)safe_base(k.p.m);
       bq = (float)safe_base(k.q.m);
@@ -188,11 +226,11 @@ __device__ __forceinline__ void forward_kl_row(const T *s, const T *t, int64_t v
     }
     const float dp = vp - bp, dq = vq - bq;
     const float ep = expf(dp * h.inv_t), eq = expf(dq * h.inv_t);
-    k.p.z += ep;
-    k.q.z += eq;
-    k.w += ep > 0.0f ? ep * (dp - dq) : 0.0f;  // a class without P mass adds 0, whatever Q says
-    if constexpr (kSym) st.w_q += eq > 0.0f ? eq * (dq - dp) : 0.0f;
-  });
+    zp += ep;
+    zq += eq;
+    w += ep > 0.0f ? ep * (dp - dq) : 0.0f;  // a class without P mass adds 0, whatever Q says
+    if constexpr (kSym) w_q += eq > 0.0f ? eq * (dq - dp) : 0.0f;
+  }, flush);
   Pass::move(&st, mp, mq, h.inv_t);  // to the true maxima (a no-op where a base already is one)
   const double inv_t = h.inv_t;
   st = group_reduce<R>(st, [inv_t](typename Pass::State *a, typename Pass::State b) { Pass::merge(a, b, inv_t); },
@@ -232,10 +270,17 @@ __device__ __forceinline__ void forward_normalizers(const T *s, const T *t, int6
   float ls = -INFINITY, lt = -INFINITY;           // a class above these moves a base (kLazyRescale)
   float ms = -INFINITY, mt = -INFINITY;           // the true maxima
   const float lazy = kLazyRescale / h.inv_t;
+  float zs_part = 0.0f, zt_part = 0.0f;  // the sums since the last flush (kFlushEvery)
+  const auto flush = [&] {
+    o.s.z += zs_part;
+    o.t.z += zt_part;
+    zs_part = zt_part = 0.0f;
+  };
   for_each_pair<R>(s, t, vocab, lane, vec, [&](float zs, float zt) {
     const float vs = value<kTf>(h.f, zs), vt = value<kTf>(h.f, zt);
     ms = vs > ms ? vs : ms;
     mt = vt > mt ? vt : mt;
+    if (vs > ls || vt > lt) flush();
     if (vs > ls) {
       online_rescale(&o.s, vs, h.inv_t);
       bs = vs;
@@ -246,9 +291,9 @@ __device__ __forceinline__ void forward_normalizers(const T *s, const T *t, int6
       bt = vt;
       lt = vt + lazy;
     }
-    o.s.z += expf((vs - bs) * h.inv_t);
-    o.t.z += expf((vt - bt) * h.inv_t);
-  });
+    zs_part += expf((vs - bs) * h.inv_t);
+    zt_part += expf((vt - bt) * h.inv_t);
+  }, flush);
   online_rescale(&o.s, ms, h.inv_t);  // to the true maxima
   online_rescale(&o.t, mt, h.inv_t);
   const double inv_t = h.inv_t;
@@ -270,14 +315,21 @@ __device__ __forceinline__ void forward_sums(const T *s, const T *t, int64_t voc
                                              float lzt) {
   Sums sums{0.0, 0.0, 0.0};
   const int kind = kKind >= 0 ? kKind : h.kind;
+  float term_part = 0.0f, a_part = 0.0f, b_part = 0.0f;  // the sums since the last flush (kFlushEvery)
+  const auto flush = [&] {
+    sums.term += term_part;
+    sums.a += a_part;
+    sums.b += b_part;
+    term_part = a_part = b_part = 0.0f;
+  };
   for_each_pair<R>(s, t, vocab, lane, vec, [&](float zs, float zt) {
     float term, a, b;
     class_terms<true>(kind, (value<kTf>(h.f, zs) - ms) * h.inv_t - lzs, (value<kTf>(h.f, zt) - mt) * h.inv_t - lzt,
                       h.mix, &term, &a, &b);
-    sums.term += term;
-    sums.a += a;
-    sums.b += b;
-  });
+    term_part += term;
+    a_part += a;
+    b_part += b;
+  }, flush);
   sums = group_reduce<R>(sums, [](Sums *x, Sums y) {
            x->term += y.term;
            x->a += y.a;

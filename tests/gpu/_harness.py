@@ -30,17 +30,20 @@ def torch_cuda_reason():
     return None
 
 
-def _build_for_local_gpu():
-    import torch
+def build_for_local_gpu(extra_flags=(), arch=None):
+    """A single-architecture libkldiv_cuda.so in a new temporary directory: for this GPU (or ``arch``, e.g. "90"),
+    with ``extra_flags`` added to the package build's nvcc flags."""
     from _modules import build as _build
     nvcc = _build._nvcc() or shutil.which("nvcc")
     if not nvcc:
         raise RuntimeError("no libkldiv_cuda.so found and no nvcc to build one")
-    major, minor = torch.cuda.get_device_capability()
-    arch = f"{major}{minor}"
+    if arch is None:
+        import torch
+        major, minor = torch.cuda.get_device_capability()
+        arch = f"{major}{minor}"
     out_dir = tempfile.mkdtemp(prefix="kldiv_cuda_")
     out = os.path.join(out_dir, "libkldiv_cuda.so")
-    flags = [f for f in _build.NVCC_FLAGS if not f.startswith("-gencode")]
+    flags = [f for f in _build.NVCC_FLAGS if not f.startswith("-gencode")] + list(extra_flags)
     cus = sorted(os.path.join(SRC, "gpu", f) for f in os.listdir(os.path.join(SRC, "gpu")) if f.endswith(".cu"))
     cmd = [nvcc, *flags, f"-gencode=arch=compute_{arch},code=sm_{arch}", "-I", os.path.join(SRC, "common"),
            "-I", os.path.join(SRC, "gpu"), *cus, "-o", out]
@@ -59,7 +62,7 @@ def library_path():
             return found
     except Exception:  # noqa: BLE001 - any lookup problem means: build one
         pass
-    return _build_for_local_gpu()
+    return build_for_local_gpu()
 
 
 def lib():

@@ -197,8 +197,8 @@ def test_empty_shapes_and_rejected_layouts():
 
 # Deliberate bugs in a copy of distill_cuda.cu, each caught by the stand-in through the ordinary ABI calls.
 MUTATIONS = {
-    "tail_off_by_one": ("for (int64_t k = done + lane; k < vocab; k += R) f(",
-                        "for (int64_t k = done + lane; k <= vocab; k += R) f(", "out-of-bounds"),
+    "tail_off_by_one": ("for (int64_t k = done + lane; k < vocab; k += R) {\n    f(",
+                        "for (int64_t k = done + lane; k <= vocab; k += R) {\n    f(", "out-of-bounds"),
     "missing_syncthreads": ("if (lane == 0) part[warp] = v;\n    __syncthreads();",
                             "if (lane == 0) part[warp] = v;", "shared memory"),
     "shuffle_in_lane_branch": ("for (int o = 16; o > 0; o >>= 1) merge(&v, shfl(v, o));\n  if (R > 32) {",

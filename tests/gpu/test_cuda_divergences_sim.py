@@ -6,6 +6,8 @@ by central differences of it) and against libkldiv_cpu.so's kernels for the same
 per row up to 2048 classes, a block per row beyond), 128-bit and scalar loads, every dtype, -inf vocabulary padding
 and ignored rows (exact zeros). Every case of a test runs in one batch of calls (one child process for the forwards,
 one for the backwards)."""
+import os
+
 import numpy as np
 import pytest
 
@@ -38,7 +40,9 @@ VARIANTS = {
 
 # (shape, element offset): warp per row with a scalar tail, warp per row with 128-bit loads, block per row with
 # 128-bit loads, block per row misaligned (scalar loads)
-SHAPES = [((5, 37), 0), ((2, 3, 64), 0), ((3, 2600), 0), ((2, 2600), 1)]
+# Warp and block rows, packets (offset 0) and single classes (offset 1); 9,000 classes give each thread of a block
+# several of the forward's float partial sums (distill_cuda.cu kFlushEvery).
+SHAPES = [((5, 37), 0), ((2, 3, 64), 0), ((3, 2600), 0), ((2, 2600), 1), ((2, 9000), 0), ((2, 9001), 1)]
 
 
 def hyper_of(temperature, variant):
@@ -257,6 +261,24 @@ def test_matches_cpu_library(dtype_id):
         tol = 2 * max(TOL[dtype_id], 2e-5)
         close(a[1][0], b[1][0], tol, s_mag * gm, f"{what} d_student", 2 * ATOL[dtype_id])
         close(a[1][1], b[1][1], tol, t_mag * gm, f"{what} d_teacher", 2 * ATOL[dtype_id])
+
+
+@pytest.mark.slow
+def test_per_class_double_sums_build_agrees():
+    """distill_cuda.cu built with DISTILL_CUDA_FLUSH_EVERY=1 (each term added to the double sums at once: the
+    kernel the H200 figures in docs/gpu.md were measured on, kept to compare the two on a device) gives the default
+    build's statistics and gradients within float32 rounding, every variant, packets and single classes."""
+    per_class = _sim.build([os.path.join(_sim.SRC, "gpu", "distill_cuda.cu")], ["-DDISTILL_CUDA_FLUSH_EVERY=1"])
+    cases = []
+    for k, (name, variant) in enumerate(VARIANTS.items()):
+        for shape, offset in [((3, 40), 0), ((2, 9000), 0), ((2, 9001), 1)]:
+            s, t, g = case_inputs(shape, 200 + k, "float32")
+            cases.append((s, t, hyper_of(1.5, variant), g, "float32", offset))
+    for case, a, b in zip(cases, run_batch(cases), run_batch(cases, lib_path=per_class)):
+        np.testing.assert_array_equal(a[0][..., 5:7], b[0][..., 5:7])  # the maxima take no sums
+        np.testing.assert_allclose(a[0][..., :5], b[0][..., :5], rtol=1e-5, atol=1e-6)
+        for x, y in zip(a[1], b[1]):
+            np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
 
 
 def test_deterministic_across_grids_and_schedules():
