@@ -84,6 +84,16 @@ def constants(temperature, beta):
                                                      beta, 1.0 - beta) + logs)
 
 
+INV_T, T_LIN, T_SQ, W_T, W_S, LOG_W_T, LOG_W_S = range(7)  # constants()' entries
+
+
+def constant(index, temperature, beta, dtype):
+    """constants(temperature, beta)[index] in ``dtype``. Graph code indexes the constants one by one: graph mode
+    parses a comprehension (``[ops.cast(v, dtype) for v in ...]``) into an iterator loop of helper graphs, each
+    compiled (docs/mindspore-notes.md)."""
+    return ops.cast(constants(temperature, beta)[index], dtype)
+
+
 _row_max_prim = ops.ReduceMax(keep_dims=True)
 
 
@@ -125,14 +135,20 @@ def _pair(w):
     return tuple(ms.Tensor(v, ms.float64) for v in (w, 1.0 - w) + logs)
 
 
+def _weights(w, dtype):
+    """(w, 1 - w) in ``dtype``, from _pair's float64 values (indexed: see ``constant``)."""
+    pair = _pair(w)
+    return ops.cast(pair[0], dtype), ops.cast(pair[1], dtype)
+
+
 def _log_mix(log_ps, log_pt, w_t):
     """log(w_t P_t + (1 - w_t) P_s) for a Python weight (log_mixture; a weight of 0 or 1 drops a model)."""
     if w_t == 0:
         return log_ps
     if w_t == 1:
         return log_pt
-    _, _, log_w_t, log_w_s = [ops.cast(v, log_ps.dtype) for v in _pair(w_t)]
-    return log_mixture(log_ps, log_pt, log_w_t, log_w_s)
+    pair = _pair(w_t)
+    return log_mixture(log_ps, log_pt, ops.cast(pair[2], log_ps.dtype), ops.cast(pair[3], log_ps.dtype))
 
 
 def _pairwise(log_ps, log_pt, ps, pt, beta, variant):
@@ -148,7 +164,7 @@ def _pairwise(log_ps, log_pt, ps, pt, beta, variant):
         a = _pointwise_kl(log_pt, log_ps)
         return a, a, -ps
     if kind == "kl":
-        w_t, w_s = [ops.cast(v, dt) for v in _pair(beta)[:2]]
+        w_t, w_s = _weights(beta, dt)
         log_m = _log_mix(log_ps, log_pt, beta)
         a = w_s * _pointwise_kl(log_m, log_ps)
         b = w_t * _pointwise_kl(log_m, log_pt)
@@ -159,7 +175,7 @@ def _pairwise(log_ps, log_pt, ps, pt, beta, variant):
     if kind in ("skew_kl", "skew_rkl"):
         t_weighs = kind == "skew_kl"
         lp, lq, p = (log_pt, log_ps, pt) if t_weighs else (log_ps, log_pt, ps)
-        w_p, w_q = [ops.cast(v, dt) for v in _pair(alpha)[:2]]
+        w_p, w_q = _weights(alpha, dt)
         log_m = _log_mix(lq, lp, alpha)  # alpha P + (1 - alpha) Q
         kl = _pointwise_kl(log_m, lp)
         has = p > 0
@@ -172,14 +188,14 @@ def _pairwise(log_ps, log_pt, ps, pt, beta, variant):
     # symmetric_kl
     fwd = _pointwise_kl(log_ps, log_pt)
     rev = _pointwise_kl(log_pt, log_ps)
-    w_f, w_r = [ops.cast(v, dt) for v in _pair(alpha)[:2]]
+    w_f, w_r = _weights(alpha, dt)
     return w_f * fwd + w_r * rev, -w_f * pt + w_r * rev, w_f * fwd - w_r * ps
 
 
 def _terms(student, teacher, temperature, beta, differentiable, variant=KL):
     """(pointwise divergence terms, a, b, P_s, P_t, T) for rows of logits, in the logits' dtype (module docstring);
     the logits are transformed first (``variant``)."""
-    inv_t, t_lin = [ops.cast(v, student.dtype) for v in constants(temperature, beta)[:2]]
+    inv_t, t_lin = constant(INV_T, temperature, beta, student.dtype), constant(T_LIN, temperature, beta, student.dtype)
     log_softmax = log_softmax_plain if differentiable or student.dtype == ms.float64 else (
         lambda z: ops.log_softmax(z, -1))
     log_ps = log_softmax(transformed(student, variant) * inv_t)
@@ -192,7 +208,7 @@ def _terms(student, teacher, temperature, beta, differentiable, variant=KL):
 def row_losses(student, teacher, temperature, beta, variant=KL):
     """T^2 * D of each row of 2-D logits [R, V], in their dtype."""
     terms = _terms(student, teacher, temperature, beta, False, variant)[0]
-    return ops.cast(constants(temperature, beta)[2], student.dtype) * ops.sum(terms, -1)
+    return constant(T_SQ, temperature, beta, student.dtype) * ops.sum(terms, -1)
 
 
 def _softmax_vjp(t_lin, u, p):
@@ -237,7 +253,7 @@ def slice_normalizer(z, inv_t):
 
 def slice_states(student, teacher, temperature, variant=KL):
     """The stats [R, STATS] of a slice whose only meaningful columns are its normalizers (2-D logits)."""
-    inv_t = ops.cast(constants(temperature, 0.0)[0], student.dtype)
+    inv_t = constant(INV_T, temperature, 0.0, student.dtype)
     base_s, log_z_s = slice_normalizer(transformed(student, variant), inv_t)
     base_t, log_z_t = slice_normalizer(transformed(teacher, variant), inv_t)
     zero = _zeros_like(base_s)
@@ -258,7 +274,7 @@ def merged_log_z(states, gathered, temperature):
     [R, STATS] and every rank's slice normalizers ``gathered`` [ranks, R, 4] = (base_s, log Z_s, base_t, log Z_t).
     Exact: log Z = log Z_r + log sum_q exp(d_q), d_q = (base_q - base_r) / T + log Z_q - log Z_r (d_r = 0), which
     never subtracts two large log-sum-exps (huge logits keep float32's relative accuracy in log P)."""
-    inv_t = ops.cast(constants(temperature, 0.0)[0], states.dtype)
+    inv_t = constant(INV_T, temperature, 0.0, states.dtype)
     out = []
     for k, (log_z_col, base_col) in enumerate(((LOG_Z_S, BASE_S), (LOG_Z_T, BASE_T))):
         base_r, log_z_r = states[:, base_col], states[:, log_z_col]
@@ -274,7 +290,7 @@ def merged_log_z(states, gathered, temperature):
 
 def slice_log_probs(z, stats, base_col, log_z_col, temperature, variant=KL):
     """log P of a slice's classes from the whole row's normalizer in ``stats``."""
-    inv_t = ops.cast(constants(temperature, 0.0)[0], z.dtype)
+    inv_t = constant(INV_T, temperature, 0.0, z.dtype)
     base = ops.expand_dims(ops.cast(stats[:, base_col], z.dtype), -1)
     log_z = ops.expand_dims(ops.cast(stats[:, log_z_col], z.dtype), -1)
     return (transformed(z, variant) - base) * inv_t - log_z
@@ -288,7 +304,7 @@ def slice_sums(student, teacher, stats, temperature, beta, variant=KL):
     log_ps = slice_log_probs(student, stats, BASE_S, LOG_Z_S, temperature, variant)
     log_pt = slice_log_probs(teacher, stats, BASE_T, LOG_Z_T, temperature, variant)
     terms, a, b = _pairwise(log_ps, log_pt, ops.exp(log_ps), ops.exp(log_pt), beta, variant)
-    t_sq = ops.cast(constants(temperature, beta)[2], student.dtype)
+    t_sq = constant(T_SQ, temperature, beta, student.dtype)
     return t_sq * ops.sum(terms, -1), ops.sum(a, -1), ops.sum(b, -1)
 
 
@@ -299,7 +315,7 @@ def slice_grads(student, teacher, stats, temperature, beta, want_teacher, varian
     log_pt = slice_log_probs(teacher, stats, BASE_T, LOG_Z_T, temperature, variant)
     ps, pt = ops.exp(log_ps), ops.exp(log_pt)
     _, a, b = _pairwise(log_ps, log_pt, ps, pt, beta, variant)
-    t_lin = ops.cast(constants(temperature, beta)[1], student.dtype)
+    t_lin = constant(T_LIN, temperature, beta, student.dtype)
     sum_a = ops.expand_dims(ops.cast(stats[:, SUM_A], student.dtype), -1)
     sum_b = ops.expand_dims(ops.cast(stats[:, SUM_B], student.dtype), -1)
     plain = variant.divergence == "kl" and beta == 0

@@ -19,6 +19,7 @@ import math
 
 import mindspore as ms
 from mindspore import ops
+from mindspore.ops import constexpr
 
 #: The derivatives of dx = px(x, t) * g and dt = pt(x, t) * g, the first-order gradients, are
 #:   d(px)/dx = 0, d(px)/dt = d(pt)/dx = -1 (-e^t in log space), d(pt)/dt = 1/t (e^t (t - x + 2) in log space).
@@ -128,11 +129,19 @@ def scale_fn(reduction):
     return _SCALES[reduction]
 
 
+@constexpr
+def _broadcast_axes(v_shape, shape):
+    """The axes of ``v_shape`` that broadcasting ``shape`` to it added or stretched (in Python: graph mode would
+    parse the comprehension into a loop of helper graphs)."""
+    lead = len(v_shape) - len(shape)
+    return tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape) if n == 1 and v_shape[lead + i] != 1)
+
+
 def sum_to(v, shape):
     """Sum a broadcast-shaped ``v`` back to ``shape``: the adjoint of broadcasting (static rank; unknown dims
     are taken as not broadcast)."""
     lead = v.ndim - len(shape)
-    axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape) if n == 1 and v.shape[lead + i] != 1)
+    axes = _broadcast_axes(v.shape, shape)
     if axes:
         v = ops.sum(v, axes, keepdim=True)
         if lead:

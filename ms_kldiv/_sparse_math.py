@@ -26,7 +26,8 @@ from mindspore import ops
 from mindspore.ops import constexpr
 
 from . import _math
-from ._distill_math import constants, log_mixture, ranks_logsumexp, slice_normalizer
+from ._distill_math import (INV_T, LOG_W_S, LOG_W_T, T_LIN, T_SQ, W_S, W_T, constant, log_mixture, ranks_logsumexp,
+                            slice_normalizer)
 
 #: Columns of the per-row statistics (sparse::Stat in custom_ops/common/sparse_math.h).
 SPARSE_STATS = 8
@@ -112,7 +113,7 @@ def sliced_support(x, ids, values, tail, ratio, slice_info, gather, total):
     hits = ops.tensor_scatter_elements(_zeros_like(x), at, ops.cast(mine, x.dtype), -1, "add")
     every = gather(ops.stack(slice_normalizer(x, 1.0) + slice_normalizer(ops.where(hits > 0, _NEG_INF, x), 1.0),
                              -1))
-    lse, lse_off = (ops.expand_dims(ranks_logsumexp(every, k), -1) for k in (0, 2))
+    lse, lse_off = ops.expand_dims(ranks_logsumexp(every, 0), -1), ops.expand_dims(ranks_logsumexp(every, 2), -1)
     x_ids = total(ops.where(mine, ops.gather_elements(x, -1, at), 0.0))
     log_r = ops.where(valid, x_ids - lse, _NEG_INF)
     repeated = total(ops.cast(_any_over(hits > 1, -1), x.dtype)) > 0
@@ -122,15 +123,15 @@ def sliced_support(x, ids, values, tail, ratio, slice_info, gather, total):
 
 def bucket_terms(log_r, log_q, beta):
     """(divergence terms, a) per bucket (module docstring), in the operands' dtype."""
-    _, _, _, w_t, w_s, log_w_t, log_w_s = [ops.cast(v, log_r.dtype) for v in constants(1.0, beta)]
     if beta == 0:
         return _pointwise_kl(log_r, log_q), -ops.exp(log_q)
     if beta == 1:
         a = _pointwise_kl(log_q, log_r)
         return a, a
-    log_m = log_mixture(log_r, log_q, log_w_t, log_w_s)
-    a = w_s * _pointwise_kl(log_m, log_r)
-    return a + w_t * _pointwise_kl(log_m, log_q), a
+    dt = log_r.dtype
+    log_m = log_mixture(log_r, log_q, constant(LOG_W_T, 1.0, beta, dt), constant(LOG_W_S, 1.0, beta, dt))
+    a = constant(W_S, 1.0, beta, dt) * _pointwise_kl(log_m, log_r)
+    return a + constant(W_T, 1.0, beta, dt) * _pointwise_kl(log_m, log_q), a
 
 
 def _sums(ids_part, tail_part, beta, bad):
@@ -163,28 +164,28 @@ def _grad(x, parts, t_lin, beta, dloss):
 def row_stats(s, ids, values, temperature, ratio, beta, tail):
     """[..., SPARSE_STATS] in the logits' dtype: (T^2 D, lse, lse off the ids, A, a_tail, 0, 0, 0) of student
     logits [..., V] (float32 or float64), int ids [..., K] and values [..., K]."""
-    inv_t, _, t_sq = [ops.cast(v, s.dtype) for v in constants(temperature, beta)[:3]]
+    inv_t, t_sq = constant(INV_T, temperature, beta, s.dtype), constant(T_SQ, temperature, beta, s.dtype)
     return _stats(support(s * inv_t, ids, ops.cast(values, s.dtype), tail, ratio), t_sq, beta)
 
 
 def student_grad(s, ids, values, temperature, ratio, beta, tail, dloss):
     """d/ds of sum_rows dloss * (T^2 D) for logits [..., V] (dtype as ``row_stats``); rows with dloss == 0 get
     exact zeros whatever they hold."""
-    inv_t, t_lin = [ops.cast(v, s.dtype) for v in constants(temperature, beta)[:2]]
+    inv_t, t_lin = constant(INV_T, temperature, beta, s.dtype), constant(T_LIN, temperature, beta, s.dtype)
     x = s * inv_t
     return _grad(x, support(x, ids, ops.cast(values, s.dtype), tail, ratio), t_lin, beta, dloss)
 
 
 def sliced_row_stats(s, ids, values, temperature, ratio, beta, tail, slice_info, gather, total):
     """``row_stats`` of the whole rows from this rank's slice s [R, V_r] (``sliced_support``)."""
-    inv_t, _, t_sq = [ops.cast(v, s.dtype) for v in constants(temperature, beta)[:3]]
+    inv_t, t_sq = constant(INV_T, temperature, beta, s.dtype), constant(T_SQ, temperature, beta, s.dtype)
     return _stats(sliced_support(s * inv_t, ids, ops.cast(values, s.dtype), tail, ratio, slice_info, gather, total),
                   t_sq, beta)
 
 
 def sliced_student_grad(s, ids, values, temperature, ratio, beta, tail, dloss, slice_info, gather, total):
     """``student_grad`` of the whole rows' losses for this rank's slice s [R, V_r]."""
-    inv_t, t_lin = [ops.cast(v, s.dtype) for v in constants(temperature, beta)[:2]]
+    inv_t, t_lin = constant(INV_T, temperature, beta, s.dtype), constant(T_LIN, temperature, beta, s.dtype)
     x = s * inv_t
     parts = sliced_support(x, ids, ops.cast(values, s.dtype), tail, ratio, slice_info, gather, total)
     return _grad(x, parts, t_lin, beta, dloss)

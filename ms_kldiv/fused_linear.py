@@ -204,10 +204,7 @@ class _ChunkLoop(nn.Cell):
 
     def construct(self, hs, ws, bs, ht, wt, bt, labels, weights, count):
         f32 = ms.float32
-        # A Parameter (a model's head weight) in a loop's carry fails to compile under TrainOneStepCell; a reshape
-        # to its own shape makes it a plain value without a copy.
-        hs, ws, bs, ht, wt, bt = (ops.reshape(v, (-1,) + v.shape[1:]) if v.dtype in (f32, ms.int32) and v.ndim
-                                  else ops.cast(v, f32) for v in (hs, ws, bs, ht, wt, bt))
+        hs, ws, bs, ht, wt, bt = _carried(hs), _carried(ws), _carried(bs), _carried(ht), _carried(wt), _carried(bt)
         offsets, chunks = _chunk_plan(ops.shape(hs), ws.shape[0], self.chunk_size, self.chunk_bytes)
         if chunks < 0:  # rows known at run time only
             chunk = offsets.shape[0]
@@ -267,8 +264,19 @@ class _CompiledLoop(nn.Cell):
 _ROW_INPUTS = (0, 3, 6, 7)
 
 
+def _carried(v):
+    """A loop input in float32: cast, or (float32 / int32 already) reshaped to its own shape, which makes a
+    Parameter (a model's head weight) a plain value without a copy: a Parameter in a loop's carry fails to compile
+    under TrainOneStepCell."""
+    if v.dtype in (ms.float32, ms.int32) and v.ndim:
+        return ops.reshape(v, (-1,) + v.shape[1:])
+    return ops.cast(v, ms.float32)
+
+
+# Graph code below spells out each tensor rather than use a comprehension: graph mode parses a comprehension into an
+# iterator loop of helper graphs, each compiled (docs/mindspore-notes.md).
 def _cut(*tensors):
-    return tuple(ops.stop_gradient(v) for v in tensors)
+    return tuple(map(ops.stop_gradient, tensors))
 
 
 class _Unrecorded(nn.Cell):
@@ -285,7 +293,8 @@ class _Unrecorded(nn.Cell):
         return self.compiled_loop(hs, ws, bs, ht, wt, bt, labels, weights, count)
 
     def bprop(self, hs, ws, bs, ht, wt, bt, labels, weights, count, out, dout):
-        return tuple(_discarded(v) for v in (hs, ws, bs, ht, wt, bt, labels, weights, count))
+        return (_discarded(hs), _discarded(ws), _discarded(bs), _discarded(ht), _discarded(wt), _discarded(bt),
+                _discarded(labels), _discarded(weights), _discarded(count))
 
 
 class _FusedCore(nn.Cell):
@@ -367,18 +376,26 @@ class _WithGradients(nn.Cell):
 
     def bprop(self, hs, ws, bs, ht, wt, bt, loss, dh_s, dw_s, db_s, out, dout):
         grads = _scaled((dh_s, dw_s, db_s), dout, (hs.dtype, ws.dtype, bs.dtype))
-        return grads + tuple(_discarded(v) for v in (ht, wt, bt, loss, dh_s, dw_s, db_s))
+        return grads + (_discarded(ht), _discarded(wt), _discarded(bt), _discarded(loss), _discarded(dh_s),
+                        _discarded(dw_s), _discarded(db_s))
 
 
 def _scaled(grads, dout, dtypes):
     """A bprop's ``grad * dout`` for each of ``grads``, in its dtype of ``dtypes``. PyNative runs each op on its own,
     so there a ``dout`` of 1 (the loss differentiated directly) and a cast to the same dtype are skipped: each would
     copy a weight-sized gradient (reading ``dout`` waits for it: once per bprop)."""
-    if compiled(dout):
-        return tuple(ops.cast(g * dout, d) for g, d in zip(grads, dtypes))
+    if compiled(dout):  # (three gradients: a head's hidden states, weight and bias)
+        return (ops.cast(grads[0] * dout, dtypes[0]), ops.cast(grads[1] * dout, dtypes[1]),
+                ops.cast(grads[2] * dout, dtypes[2]))
     one = float(dout.asnumpy()) == 1.0
-    scaled = (g if one else g * dout for g in grads)
-    return tuple(g if g.dtype == d else ops.cast(g, d) for g, d in zip(scaled, dtypes))
+    return (_as_dtype(grads[0], dout, one, dtypes[0]), _as_dtype(grads[1], dout, one, dtypes[1]),
+            _as_dtype(grads[2], dout, one, dtypes[2]))
+
+
+def _as_dtype(g, dout, one, dtype):
+    """PyNative's ``g * dout`` in ``dtype`` (``_scaled``)."""
+    g = g if one else g * dout
+    return g if g.dtype == dtype else ops.cast(g, dtype)
 
 
 def _discarded(v):

@@ -84,6 +84,11 @@ class _SliceStates(nn.Cell):
         return ops.cast(st, ms.float32)
 
 
+def _column(v):
+    """A row quantity [R] as a float32 stats column [R, 1]."""
+    return ops.expand_dims(ops.cast(v, ms.float32), -1)
+
+
 class _SliceForward(nn.Cell):
     def __init__(self, temperature, beta, acc_dtype, variant=KL):
         super().__init__()
@@ -93,9 +98,8 @@ class _SliceForward(nn.Cell):
     def construct(self, s, t, states):
         loss, sum_a, sum_b = slice_sums(ops.cast(s, self.acc_dtype), ops.cast(t, self.acc_dtype),
                                         ops.cast(states, self.acc_dtype), self.temperature, self.beta, self.variant)
-        sums = [ops.expand_dims(ops.cast(v, ms.float32), -1) for v in (loss, sum_a, sum_b)]
         # concatenated, not masked: a product with 0 would turn an inf loss into NaN in the other columns
-        return ops.concat((sums[0], ops.gather(states, self.normalizers[0], 1), sums[1], sums[2],
+        return ops.concat((_column(loss), ops.gather(states, self.normalizers[0], 1), _column(sum_a), _column(sum_b),
                            ops.gather(states, self.normalizers[1], 1)), -1)
 
 
