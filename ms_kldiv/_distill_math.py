@@ -75,23 +75,31 @@ def _f64(value):
     return ms.Tensor(value, ms.float64)
 
 
+def _constant_values(temperature, beta):
+    logs = (math.log(beta), math.log1p(-beta)) if 0 < beta < 1 else (0.0, 0.0)
+    return (1.0 / temperature, temperature, temperature * temperature, beta, 1.0 - beta) + logs
+
+
 @constexpr
 def constants(temperature, beta):
     """(1/T, T, T^2, beta, 1 - beta, log beta, log(1 - beta)) as float64 0-d tensors, computed in Python at full
     precision: graph mode holds float constants (and their arithmetic) as float32."""
-    logs = (math.log(beta), math.log1p(-beta)) if 0 < beta < 1 else (0.0, 0.0)
-    return tuple(ms.Tensor(v, ms.float64) for v in (1.0 / temperature, temperature, temperature * temperature,
-                                                     beta, 1.0 - beta) + logs)
+    return tuple(ms.Tensor(v, ms.float64) for v in _constant_values(temperature, beta))
 
 
 INV_T, T_LIN, T_SQ, W_T, W_S, LOG_W_T, LOG_W_S = range(7)  # constants()' entries
 
 
+@constexpr
+def _constant64(index, temperature, beta):
+    return ms.Tensor(_constant_values(temperature, beta)[index], ms.float64)
+
+
 def constant(index, temperature, beta, dtype):
-    """constants(temperature, beta)[index] in ``dtype``. Graph code indexes the constants one by one: graph mode
-    parses a comprehension (``[ops.cast(v, dtype) for v in ...]``) into an iterator loop of helper graphs, each
-    compiled (docs/mindspore-notes.md)."""
-    return ops.cast(constants(temperature, beta)[index], dtype)
+    """constants(temperature, beta)[index] in ``dtype``, the one tensor made (PyNative runs a constexpr on every call).
+    Graph code indexes the constants one by one: graph mode parses a comprehension (``[ops.cast(v, dtype) for v in
+    ...]``) into an iterator loop of helper graphs, each compiled (docs/mindspore-notes.md)."""
+    return ops.cast(_constant64(index, temperature, beta), dtype)
 
 
 _row_max_prim = ops.ReduceMax(keep_dims=True)

@@ -133,13 +133,12 @@ __device__ __forceinline__ S group_reduce(S v, Merge merge, S empty, S *part) {
 }
 
 // ------------------------------------------------------------------------------------------ element loops
-// The forward loops sum their per-class terms in float and add them to the row's double state every this many
-// classes (a packet's end) and before a base moves, as the stored-teacher forward does (kldiv_device.cuh): a
-// float-to-double conversion and a double add per class and sum are the slow part of Hopper's per-class work.
+// The forward loops sum their per-class terms in float and add them to the row's double state every kFlushEvery
+// classes (a packet's end) and before a base moves, as the stored-teacher forward does (kldiv_device.cuh says why).
 // DISTILL_CUDA_FLUSH_EVERY=1 builds the per-class double sums (each term added at once), to compare the two on a
 // device (benchmarks/gpu/compare_builds.py).
 #ifndef DISTILL_CUDA_FLUSH_EVERY
-#define DISTILL_CUDA_FLUSH_EVERY 16
+#define DISTILL_CUDA_FLUSH_EVERY kldiv::cuda::kFlushEvery
 #endif
 constexpr int kFlushEvery = DISTILL_CUDA_FLUSH_EVERY;
 static_assert(kFlushEvery == 1 || kFlushEvery % 8 == 0, "whole packets (4 or 8 classes) between flushes");
