@@ -192,6 +192,21 @@ def test_distill_subcommand_smoke(tmp_path):
     assert all(r["peak_bytes"] is not None for r in records) and "time vs fused" in stdout
 
 
+def test_fused_linear_unchunked_rows_that_cannot_fit_are_not_run(tmp_path):
+    """An unchunked row whose estimated peak exceeds this machine's memory is reported with that estimate (its
+    PEAK_PER_ELEMENT bytes per N x V element) instead of being run."""
+    from ms_kldiv.bench.fused_linear import PEAK_PER_ELEMENT
+    out = tmp_path / "records.json"
+    n, v = 1 << 20, 1 << 22
+    proc = _procs.run([sys.executable, "-m", "ms_kldiv.bench", "fused-linear", "--sizes", f"{n}x8x{v}", "--dtypes",
+                       "float32", "--rows", "composition,composition_unfused", "--json", str(out)], 300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = json.loads(out.read_text())
+    assert [(r["row"], r["skipped"], r["needs_bytes"]) for r in records] == [
+        (row, True, n * v * PEAK_PER_ELEMENT[row]) for row in ("composition", "composition_unfused")]
+    assert proc.stdout.count("not run: needs about") == 2, proc.stdout
+
+
 def test_fused_linear_subcommand_smoke(tmp_path):
     stdout, records = _subcommand(tmp_path, "fused-linear", "--sizes", "16x8x32", "--dtypes", "float32",
                                   "--rows", "fused,fused_pynative,fused_loop,matmuls,kernels,composition", "--repeats",

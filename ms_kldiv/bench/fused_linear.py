@@ -7,8 +7,8 @@ kernels alone on chunk-sized logits), the unchunked composition (logits of both 
 ``composition_unfused``: with the loss as two log_softmax and kl_div) and torch's unchunked composition when torch is
 importable. Each row runs in its own child process, so its peak memory (the kernel's high-water mark of the resident
 set, reset after the inputs exist) is the row's alone. Where the unchunked composition would not fit in memory it
-is not run, and the memory it needs (its logits, their softmaxes and gradients: bytes per N x V element measured at
-the first size where it ran, else 5 x 4 bytes) is printed instead.
+is not run, and the memory it needs (its logits, their softmaxes and gradients: the row's bytes per N x V element
+measured at the last size where it ran, else ``PEAK_PER_ELEMENT``) is printed instead.
 
 The resident set also counts what the framework takes on a step's first call whatever the sizes (graph compile,
 kernel objects, thread pools; more in GRAPH_MODE than in PyNative). Each head row is
@@ -29,6 +29,9 @@ FLOOR = ("matmuls", "kernels")
 #: The head rows, and the N x H x V at which each is also run for the framework's first-call memory.
 HEAD_ROWS = ("fused", "fused_pynative", "fused_loop")
 TINY = (16, 64, 1024)
+#: The unchunked rows' peak bytes per N x V element until a size has measured them (float32 at 4096 x 1024 x 32000:
+#: 1.64 GB, 7.37 GB; torch's assumed): whether a row fits in memory is judged by them.
+PEAK_PER_ELEMENT = {"composition": 13, "composition_unfused": 60, "torch": 20}
 
 
 def _inputs(n, h, v, seed=0):
@@ -61,10 +64,13 @@ def _ms_step(row, arrays, dtype_name, temperature, chunk_size):
             def construct(self, hs, ws, ht, wt):
                 return self.loss_fn(hs, ws, ops.stop_gradient(ht), ops.stop_gradient(wt))
     else:
+        from ms_kldiv.fused_linear import _matmul_t
+
         class Net(nn.Cell):
             def construct(self, hs, ws, ht, wt):
-                s = ops.matmul(hs, ops.transpose(ws, (1, 0)))
-                t = ops.stop_gradient(ops.matmul(ht, ops.transpose(wt, (1, 0))))
+                # the logits as nn.Dense and MindFormers' lm_head make them (MatMul with transpose_b: no [H, V] copy)
+                s = _matmul_t(hs, ws)
+                t = ops.stop_gradient(_matmul_t(ht, wt))
                 if row == "composition_unfused":  # two log_softmax + kl_div, as before the fused kernel
                     return _compose(s, t, temperature, "batchmean", 0.0, None, -100, "aot", s.dtype)
                 return ms_kldiv.distillation_loss(s, t, temperature)
@@ -185,7 +191,7 @@ def main(argv=None):
         return 0
     rows = rows_to_run(args.rows)
     records = []
-    per_element = None  # the unchunked composition's peak bytes per N x V element, once measured
+    per_element = dict(PEAK_PER_ELEMENT)  # each unchunked row's peak bytes per N x V element, updated once measured
     fixed = {}  # (row, dtype) -> the row's peak at TINY: the framework's first-call memory
     print("| N x H x V | dtype | row | compile s | fwd+bwd s | peak above inputs | first call at TINY "
           "| head's own peak | time vs matmuls + kernels |")
@@ -196,7 +202,7 @@ def main(argv=None):
             recs = {}
             for r in rows:
                 if r.startswith("composition") or r == "torch":
-                    need = n * v * (per_element or 5 * 4)
+                    need = n * v * per_element[r]
                     avail = available_bytes()
                     if avail is not None and need > 0.8 * avail:
                         recs[r] = {"row": r, "n": n, "h": h, "v": v, "dtype": dtype_name, "skipped": True,
@@ -209,8 +215,8 @@ def main(argv=None):
                     if fixed[r, dtype_name] is not None:
                         recs[r]["first_call_bytes"] = fixed[r, dtype_name]
                         recs[r]["own_peak_bytes"] = max(0, recs[r]["peak_bytes"] - fixed[r, dtype_name])
-                if r == "composition" and recs[r].get("peak_bytes") and per_element is None:
-                    per_element = recs[r]["peak_bytes"] / (n * v)
+                if r in per_element and recs[r].get("peak_bytes"):
+                    per_element[r] = recs[r]["peak_bytes"] / (n * v)
             floor = sum(recs[r]["seconds"] for r in FLOOR if recs.get(r, {}).get("seconds")) \
                 if all(recs.get(r, {}).get("seconds") for r in FLOOR) else None
             for r, rec in recs.items():

@@ -318,3 +318,23 @@ def test_bfloat16_compute_dtype():
     fused = value_and_grads(Distill(student, teacher, True, chunk_size=12), tokens, labels, "pynative")
     logits = value_and_grads(Distill(student, teacher, False), tokens, labels, "pynative")
     np.testing.assert_allclose(fused[0], logits[0], rtol=2e-2)
+
+
+def test_step_benchmark_rows(tmp_path):
+    """benchmarks/mindformers_step.py (docs/mindformers.md quotes it) at a tiny size: its three rows run, and the
+    fused head and the model's logits path train on the same loss (the body row has none)."""
+    import json
+    import subprocess
+    import sys
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "mindformers_step.py")
+    out = tmp_path / "rows.json"
+    proc = subprocess.run([sys.executable, script, "--vocab", "512", "--hidden", "32", "--seq", "16", "--batch", "2",
+                           "--steps", "1", "--json", str(out)], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rows = {r["path"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"fused", "logits", "body"}
+    np.testing.assert_allclose(rows["fused"]["loss"], rows["logits"]["loss"], rtol=1e-4)
+    assert all(r["step_s"] > 0 and np.isfinite(r["peak_above_models_mb"]) for r in rows.values()), rows
+    assert "fused head's own cost" in proc.stdout and "logits head's own cost" in proc.stdout, proc.stdout
+    assert sorted(os.listdir(tmp_path)) == ["rows.json"]
