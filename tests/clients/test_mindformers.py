@@ -12,7 +12,10 @@ A 4-layer teacher and a 2-layer student (vocabulary 1000, hidden 64), frozen tea
 in PyNative and GRAPH_MODE. Skipped where MindFormers is not installed (``.ci/clients`` installs it).
 """
 import contextlib
+import json
 import os
+import subprocess
+import sys
 import tempfile
 
 import numpy as np
@@ -323,9 +326,6 @@ def test_bfloat16_compute_dtype():
 def test_step_benchmark_rows(tmp_path):
     """benchmarks/mindformers_step.py (docs/mindformers.md quotes it) at a tiny size: its three rows run, and the
     fused head and the model's logits path train on the same loss (the body row has none)."""
-    import json
-    import subprocess
-    import sys
     script = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "mindformers_step.py")
     out = tmp_path / "rows.json"
     proc = subprocess.run([sys.executable, script, "--vocab", "512", "--hidden", "32", "--seq", "16", "--batch", "2",
