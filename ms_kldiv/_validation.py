@@ -343,6 +343,16 @@ def check_weights_data(weights, name):
                          f"[{values.min()}, {values.max()}].")
 
 
+def check_num_items_data(num_items, name):
+    """PyNative only: a Tensor ``num_items_in_batch`` must be finite and >= 0, as a number must be positive (0: no
+    token counted in the whole batch, whose loss is then 0, as an all-ignored batch's)."""
+    if not isinstance(num_items, Tensor):
+        return
+    value = float(num_items.float().asnumpy() if num_items.dtype == ms.bfloat16 else num_items.asnumpy())
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"For '{name}', 'num_items_in_batch' must be finite and >= 0, but got {value}.")
+
+
 # --------------------------------------------------------------------------------- divergences and transforms
 #: alpha when not given: DistiLLM's skew 0.1; torchtune's sym_kd_ratio 0.5.
 _DEFAULT_ALPHA = {"skew_kl": 0.1, "skew_rkl": 0.1, "symmetric_kl": 0.5}

@@ -239,7 +239,7 @@ def _reduce(total, student_logits, reduction, keep, weights=None):
         counted = ops.sum(weights if keep is None else ops.where(keep, weights, 0.0))
         if reduction == "mean":
             counted = counted * _count(_known_numel(shape[-1:]), student_logits, "vocab", total)
-        return ops.where(counted > 0, total / ops.where(counted > 0, counted, 1.0), 0.0)
+        loss = ops.where(counted > 0, total / ops.where(counted > 0, counted, 1.0), 0.0)
     elif keep is not None:
         counted = ops.sum(ops.cast(keep, total.dtype))
         if reduction == "mean":
@@ -322,8 +322,15 @@ def _distill(student_logits, teacher_logits, temperature, reduction, beta, label
         loss = _distill_whole(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index,
                               backend, dtype, variant, weights)
     if num_items is not None:
-        loss = loss / ops.cast(num_items, loss.dtype)
+        loss = per_item(loss, num_items)
     return loss
+
+
+def per_item(total, num_items):
+    """``total`` over the caller's count; a count of 0 (no token counted in the whole batch) gives 0, as an
+    all-ignored batch does."""
+    count = ops.cast(num_items, total.dtype)
+    return ops.where(count > 0, total / ops.where(count > 0, count, 1.0), 0.0)
 
 
 def _distill_whole(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend,
@@ -492,7 +499,8 @@ def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction
         num_items_in_batch (Union[int, float, Tensor], optional): With 'batchmean' or 'tokenmean': divide the sum
             of the counted rows' (weighted) divergences by this instead of the local count, e.g. the counted tokens
             of the whole global batch across data-parallel ranks and gradient-accumulation steps, so that the
-            micro-batches' losses add up to the batch's. Default: ``None``.
+            micro-batches' losses add up to the batch's. A Tensor count of 0 (no token counted anywhere) gives
+            0. Default: ``None``.
         backend (str, optional): ``'auto'`` or a name from :func:`ms_kldiv.backend_names`, checked before anything
             runs. ``'auto'`` / ``'aot'`` use the fused distillation kernels where they run (CPU, GPU, Ascend with its
             operators installed) for one shape of float32/half logits and a reducing `reduction`; otherwise, and on
@@ -533,6 +541,8 @@ def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction
     variant = Variant(*variant)
     if weights is not None and not compiled(weights):
         _validation.check_weights_data(weights, _NAME)
+    if num_items_in_batch is not None and not compiled(student_logits):
+        _validation.check_num_items_data(num_items_in_batch, _NAME)
     return _distill(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend,
                     dtype, variant, weights, vocab_parallel_group, num_items_in_batch)
 
@@ -591,6 +601,8 @@ class DistillationLoss(nn.Cell):
                             num_items_in_batch)
         if weights is not None and not compiled(weights):
             _validation.check_weights_data(weights, "DistillationLoss")
+        if num_items_in_batch is not None and not compiled(student_logits):
+            _validation.check_num_items_data(num_items_in_batch, "DistillationLoss")
         return _distill(student_logits, teacher_logits, self.temperature, self.reduction, self.beta, labels,
                         self.ignore_index, self.backend, dtype, self.variant, weights, self.vocab_parallel_group,
                         num_items_in_batch)

@@ -242,16 +242,23 @@ class _CompiledLoop(nn.Cell):
     def __init__(self, loop):
         super().__init__()
         self.loop = loop
-        self.rows = None  # the row count of the static graph; -1 once the rows are dynamic
+        self.signatures = {}  # per signature (``_signature``): its first call's shapes; the inputs made dynamic
+        self.specs = None  # what set_inputs was last given
 
     def __call__(self, *args):
-        rows = args[0].shape[0]
-        if self.rows is None:
-            self.rows = rows
-        elif self.rows not in (rows, -1):
-            self.rows = -1
-            self.set_inputs(*(Tensor(shape=[None] + list(v.shape[1:]) if k in _ROW_INPUTS else v.shape,
-                                     dtype=v.dtype) for k, v in enumerate(args)))
+        key = _signature(args)
+        first, dynamic = self.signatures.setdefault(key, (tuple(v.shape for v in args), ()))
+        if not dynamic and args[0].shape[:1] != first[0][:1]:
+            # the inputs whose first dimension changed with the rows (the stored teacher's ids and values too)
+            dynamic = tuple(k for k, (v, f) in enumerate(zip(args, first)) if v.shape[:1] != f[:1])
+            self.signatures[key] = (first, dynamic)
+        # a call with another signature (e.g. without a bias) is another graph: inputs left over from one of them
+        # crashed MindSpore
+        specs = tuple(Tensor(shape=[None] + list(v.shape[1:]) if k in dynamic else v.shape, dtype=v.dtype)
+                      for k, v in enumerate(args))
+        if _spec_key(specs) != _spec_key(self.specs):
+            self.specs = specs
+            self.set_inputs(*specs)
         return super().__call__(*args)
 
     @ms.jit
@@ -259,9 +266,16 @@ class _CompiledLoop(nn.Cell):
         return self.loop(hs, ws, bs, ht, wt, bt, labels, weights, count)
 
 
-#: The positions of the chunk loop's inputs whose first dimension is the rows: hidden states, teacher rows, labels,
-#: weights.
-_ROW_INPUTS = (0, 3, 6, 7)
+def _signature(args):
+    """What a compiled loop's graph depends on besides the row count: each input's dtype, rank and shape after the
+    first dimension (and the first dimension of 0-d / row-less inputs such as the weights, as far as a first call
+    shows)."""
+    rows = args[0].shape[:1]
+    return tuple((v.dtype, v.shape[1:] if v.shape[:1] == rows else v.shape) for v in args)
+
+
+def _spec_key(specs):
+    return None if specs is None else tuple((tuple(v.shape), v.dtype) for v in specs)
 
 
 def _carried(v):
@@ -587,9 +601,10 @@ class FusedLinearDistillationLoss(nn.Cell):
         _checked_run_inputs(d(student_hidden), d(weights), d(num_items))
         hs = _rows(student_hidden)
         vocab = student_weight.shape[0]
-        if weights is not None:
-            if not compiled(weights):
-                _validation.check_weights_data(weights, _NAME)
+        if weights is not None and not compiled(weights):
+            _validation.check_weights_data(weights, _NAME)
+        if num_items is not None and not compiled(hs):
+            _validation.check_num_items_data(num_items, _NAME)
         if labels is None:
             # from a float32 slice that autodiff does not enter: MindSpore's CPU slice (2.7) and its gradient have no
             # bfloat16 kernels

@@ -14,7 +14,7 @@ from mindspore import nn, ops
 from . import _validation
 from .backends import _device_target_const, check_name_const, compiled, get_kernels, sparse
 from .backends.vocab_parallel import SlicedSparseKernels, vocab_group
-from .distillation import _reduce
+from .distillation import _reduce, per_item
 from .reference import SPARSE_REDUCTIONS
 
 _NAME = "sparse_distillation_loss"
@@ -87,6 +87,8 @@ def _sparse(student_logits, teacher_ids, teacher_values, mode, temperature, teac
         # with a vocabulary split across ranks no rank knows V here: an id past it makes its row NaN
         vocab = student_logits.shape[-1] if group is None else 2**62
         _validation.check_stored_data(teacher_ids, teacher_values, vocab, mode, labels, ignore_index, _NAME)
+        if num_items is not None:
+            _validation.check_num_items_data(num_items, _NAME)
     dtype = student_logits.dtype
     if group is None:
         rows_op = _rows_op(backend, _device_target_const(), dtype, mode, temperature, teacher_temperature, beta)
@@ -113,7 +115,7 @@ def _sparse(student_logits, teacher_ids, teacher_values, mode, temperature, teac
     if reduction == "none":
         loss = rows
     elif num_items is not None:  # the caller's count (e.g. the whole global batch's tokens)
-        loss = ops.sum(rows) / ops.cast(num_items, rows.dtype)
+        loss = per_item(_reduce(ops.sum(rows), student_logits, "sum", keep), num_items)
     else:
         loss = _reduce(ops.sum(rows), student_logits, reduction, keep)
     return loss if loss.dtype == dtype else ops.cast(loss, dtype)

@@ -130,6 +130,36 @@ def test_empty_batch_dynamic_shape(backend, with_labels):
                 assert all(got[r][0] == 0 for r in REDUCTIONS if r != "none")
 
 
+@pytest.mark.parametrize("backend", DISTILL_BACKENDS)
+@pytest.mark.parametrize("mode", ("pynative", "jit"))
+def test_empty_batch_with_weights_or_count_is_zero(backend, mode):
+    """The empty-batch rule with per-row ``weights`` and with ``num_items_in_batch`` (the weighted means returned
+    MindSpore's uninitialized empty sums, 1.0, inf or 1e9, before they reached the row-count guard): 0 for every
+    reduction, after non-empty calls that would leave a stale sum behind; and a Tensor count of 0 (no token
+    counted in the whole batch) gives 0 in both modes, not inf."""
+    rng = np.random.default_rng(5)
+    empty = ms.Tensor(np.zeros((0, 5), np.float32))
+
+    def loss(s, t, reduction, **kw):
+        return ms_kldiv.distillation_loss(s, t, 2.0, reduction, beta=0.5, backend=backend, **kw)
+
+    fn = ms.jit(loss, static_argnames=("reduction",)) if mode == "jit" else loss
+    for _ in range(3):
+        s, t = ms.Tensor(_logits(rng, (4, 5))), ms.Tensor(_logits(rng, (4, 5)))
+        weights = ms.Tensor(rng.uniform(0.5, 2.0, 4).astype(np.float32))
+        for reduction in ("batchmean", "tokenmean", "mean", "sum"):
+            assert float(fn(s, t, reduction, weights=weights)) > 0
+            assert float(fn(empty, empty, reduction, weights=ms.Tensor(np.zeros(0, np.float32)))) == 0, reduction
+        for reduction in ("batchmean", "tokenmean"):
+            assert float(fn(s, t, reduction, num_items_in_batch=ms.Tensor(3.0))) > 0
+            assert float(fn(empty, empty, reduction, num_items_in_batch=ms.Tensor(3.0))) == 0, reduction
+            assert float(fn(empty, empty, reduction, num_items_in_batch=ms.Tensor(0.0))) == 0, reduction
+    if mode == "pynative":
+        for bad in (-1.0, float("nan"), float("inf")):
+            with pytest.raises(ValueError, match="'num_items_in_batch' must be finite and >= 0"):
+                loss(s, t, "batchmean", num_items_in_batch=ms.Tensor(bad))
+
+
 # ----------------------------------------------------------------------------- 4: ignored rows
 @pytest.mark.parametrize("backend", DISTILL_BACKENDS)
 @pytest.mark.parametrize("mode", RUN_MODES)

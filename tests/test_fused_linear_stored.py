@@ -137,6 +137,27 @@ def test_head_dynamic_rows_train_step(backend):
         np.testing.assert_allclose(net.dense.bias.asnumpy(), b0 - 0.1 * expected[3], atol=2e-6)
 
 
+@pytest.mark.parametrize("backend", SPARSE_BACKENDS)
+def test_head_pynative_row_counts_change(backend):
+    """PyNative calls with three row counts: the compiled chunk loop turns dynamic at the second, with the stored
+    teacher's ids and values (in the teacher weight's place) dynamic too (the third count was refused by
+    set_inputs), each value against the reference."""
+    rng = np.random.default_rng(6)
+    hidden, vocab, k = 6, 19, 4
+    w, b = rng.normal(size=(vocab, hidden)) * 0.5, rng.normal(size=vocab) * 0.1
+    head = ms_kldiv.FusedLinearDistillationLoss(2.0, chunk_size=4, backend=backend, stored_mode="tail")
+    for rows in (9, 14, 6, 14):
+        h = rng.normal(size=(rows, hidden))
+        ids, values = teacher(rng, rows, vocab, k, "tail")
+        labels = np.ones(rows, np.int32)
+        loss = head.from_teacher_topk(Tensor(h, ms.float32), Tensor(w, ms.float32), Tensor(ids), Tensor(values),
+                                      Tensor(labels), Tensor(b, ms.float32))
+        f64 = lambda a: a.astype(np.float32).astype(np.float64)
+        expected = ref.sparse_distillation_loss(f64(h) @ f64(w).T + f64(b), ids, values.astype(np.float64), "tail",
+                                                2.0, 1.0, 0.0, "tokenmean", labels)
+        np.testing.assert_allclose(float(loss), expected, rtol=2e-6, err_msg=str(rows))
+
+
 def test_head_stored_errors():
     h, w = Tensor(np.zeros((3, 4), np.float32)), Tensor(np.zeros((6, 4), np.float32))
     ids, values = Tensor(np.zeros((3, 2), np.int32) + [[0, 1]]), Tensor(np.full((3, 2), -1.0, np.float32))
