@@ -354,7 +354,9 @@ class _FusedCore(nn.Cell):
         loss = self.with_gradients(hs, ws, bs, ht_, wt_, bt_, *_cut(*loop(*inputs)[:4]))
         if not self.teacher_grad:
             return loss
-        return loss + self.teacher_gradients(hs_, ws_, bs_, ht, wt, bt, labels, weights, count)
+        # the teacher's pass after the student's: else the optimizer may update the teacher from its gradients
+        # before the student's pass has read the teacher's weights
+        return loss + self.teacher_gradients(ops.depend(hs_, loss), ws_, bs_, ht, wt, bt, labels, weights, count)
 
 
 class _TeacherGradients(nn.Cell):

@@ -150,6 +150,39 @@ def test_pynative_calls_change_rows_bias_and_dtype(head_impl):
                                    err_msg=str((rows, bias, dtype)))
 
 
+@pytest.mark.parametrize("backend", ["composite", "auto"])
+def test_graph_train_step_with_trainable_teacher(backend, head_impl):
+    """GRAPH_MODE TrainOneStepCell over both heads' parameters (mutual learning): the step's loss and both heads'
+    SGD updates against the float64 composition, whatever the learning rate (the student's pass read teacher
+    weights the optimizer had already updated: the loss changed with the rate)."""
+    c = case(seed=31, rows=12, labels_ignored=(2,))
+    args = (2.0, 0.0, 0.5, 1.0)
+    expected_loss, expected = reference_loss(c, *args), reference_grads(c, *args)
+
+    class Both(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.params = ms.ParameterTuple(ms.Parameter(ms.Tensor(c[k], ms.float32), name=k)
+                                            for k in ("ws", "bs", "wt", "bt"))
+            self.kd = FusedLinearDistillationLoss(2.0, hard_weight=0.5, chunk_size=5, backend=backend)
+
+        def construct(self, hs, ht, labels):
+            ws, bs, wt, bt = self.params
+            return self.kd(hs, ws, ht, wt, labels, bs, bt)
+
+    for lr in (1.0, 10.0):
+        net = Both()
+        step = nn.TrainOneStepCell(net, nn.SGD(net.trainable_params(), learning_rate=lr))
+        with graph_mode():
+            loss = step(ms.Tensor(c["hs"], ms.float32), ms.Tensor(c["ht"], ms.float32),
+                        ms.Tensor(c["labels"], ms.int32))
+        np.testing.assert_allclose(float(loss.asnumpy()), expected_loss, rtol=1e-5, err_msg=str(lr))
+        for p, name in zip(net.params, ("ws", "bs", "wt", "bt")):
+            grad = (c[name].astype(np.float32) - p.asnumpy()) / lr
+            ref = expected[name]
+            np.testing.assert_allclose(grad, ref, rtol=1e-3, atol=1e-4 * np.abs(ref).max(), err_msg=f"{name} {lr}")
+
+
 def _analytic_head(hs, ws, bs, ht, wt, bt, labels, temperature, hard_weight):
     """Forward KL at ``temperature`` plus ``hard_weight`` x cross-entropy, 'tokenmean' over the counted rows, in
     float64 with its gradients in closed form: d(soft)/d(s) = T (softmax(s/T) - softmax(t/T)), d(ce)/d(s) =
