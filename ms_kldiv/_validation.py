@@ -338,7 +338,10 @@ def check_weights(weights, lead, name):
 def check_weights_data(weights, name):
     """PyNative only (compiled code cannot raise on values): weights must be finite and >= 0."""
     values = weights.float().asnumpy() if weights.dtype == ms.bfloat16 else weights.asnumpy()
-    if values.size and not (np.all(np.isfinite(values)) and values.min() >= 0):
+    if values.size and not np.all(np.isfinite(values)):
+        raise ValueError(f"For '{name}', 'weights' must be finite and >= 0, but got "
+                         f"{values[~np.isfinite(values)][:3].tolist()}.")
+    if values.size and values.min() < 0:
         raise ValueError(f"For '{name}', 'weights' must be finite and >= 0, but got values in "
                          f"[{values.min()}, {values.max()}].")
 

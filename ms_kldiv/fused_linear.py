@@ -513,7 +513,7 @@ class FusedLinearDistillationLoss(nn.Cell):
                 raise ValueError(f"For '{_NAME}', '{arg}' must be None or a positive int, but got {value!r}.")
         if chunk_size is not None and chunk_bytes is not None:
             raise ValueError(f"For '{_NAME}', give 'chunk_size' (rows) or 'chunk_bytes' (a memory budget), not both.")
-        if teacher_grad not in (None, False, True):
+        if teacher_grad is not None and not isinstance(teacher_grad, bool):
             raise TypeError(f"For '{_NAME}', 'teacher_grad' must be None or a bool, but got {teacher_grad!r}.")
         self.temperature = float(temperature)
         self.beta = float(beta)
@@ -542,7 +542,7 @@ class FusedLinearDistillationLoss(nn.Cell):
         self.core_from_stored = None
         if self._stored_error is None:
             try:  # each rank's slice of the vocabulary: the stored teacher's sliced kernels (global ids)
-                stored_kernels = (get_kernels("sparse_distillation", self.backend)[1] if group is None
+                stored_kernels = (get_kernels("sparse_distillation", self.backend, caller=_NAME)[1] if group is None
                                   else SlicedSparseKernels(group))
             except RuntimeError as e:  # raised when from_teacher_topk is called
                 self._stored_error = e
@@ -613,10 +613,11 @@ class FusedLinearDistillationLoss(nn.Cell):
             labels = ops.cast(ops.zeros_like(ops.cast(ops.stop_gradient(hs), ms.float32)[:, 0]), ms.int32)
             count = ops.cast(ops.reshape(ops.dyn_shape(hs)[:1], ()), ms.float32)
         else:
-            labels = ops.cast(ops.reshape(labels, (-1,)), ms.int32)
             if self.hard_weight != 0 and not compiled(labels) and self.vocab_parallel_group is None:
-                # (with a vocabulary split across ranks a label outside the whole vocabulary makes the loss NaN)
+                # before the cast to int32, which would wrap an int64 label into range (or onto ignore_index);
+                # with a vocabulary split across ranks a label outside the whole vocabulary makes the loss NaN
                 _check_label_range(labels, vocab, self.ignore_index)
+            labels = _int32_labels(ops.reshape(labels, (-1,)))
             count = ops.sum(ops.cast(labels != self.ignore_index, ms.float32))
         if weights is None:
             weights = ops.ones_like(ops.cast(labels, ms.float32))
@@ -665,6 +666,16 @@ def _check_label_range(labels, vocab, ignore_index):
                          f"({ignore_index}), but got {bad[:5].tolist()}.")
 
 
+def _int32_labels(labels):
+    """The labels as the kernels take them; an int64 label outside int32 becomes int32's largest (past any
+    vocabulary: a NaN loss where the hard term counts it, as any label out of range in compiled code) rather than
+    wrapping into range or onto ``ignore_index``."""
+    if labels.dtype == ms.int32:
+        return labels
+    narrow = ops.cast(labels, ms.int32)
+    return ops.where(ops.cast(narrow, labels.dtype) == labels, narrow, 2**31 - 1)
+
+
 def _rows(hidden):
     return ops.reshape(hidden, (-1, hidden.shape[-1])) if hidden.ndim != 2 else hidden
 
@@ -697,7 +708,8 @@ def _checked_inputs(hs, ws, ht, wt, labels, bs, bt, hard_weight, name, teacher_i
             raise TypeError(f"For '{name}', '{arg}' must have a floating dtype, but got {value.dtype}.")
     for arg, value in (("student_bias", bs), ("teacher_bias", bt)):
         if value is not None and (not is_tensor(value) or value.dtype not in _validation.FLOAT_DTYPES):
-            raise ValueError(f"For '{name}', '{arg}' must be a floating Tensor of shape (V,).")
+            raise TypeError(f"For '{name}', '{arg}' must be a floating Tensor of shape (V,), but got "
+                            f"{value.dtype if is_tensor(value) else type(value).__name__}.")
     if labels is not None and (not is_tensor(labels) or labels.dtype not in (ms.int32, ms.int64)):
         raise TypeError(f"For '{name}', 'labels' must be an int32 or int64 Tensor.")
     _check_shapes(shape_of(hs), shape_of(ws), shape_of(ht), None if teacher_is_logits else shape_of(wt),

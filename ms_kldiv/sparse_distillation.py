@@ -66,7 +66,7 @@ def _check_args(student_logits, teacher_ids, teacher_values, mode, labels, name,
 def _rows_op(backend, device, dtype, mode, temperature, teacher_temperature, beta):
     """The per-row loss op for these settings: the registry's kernels for ``backend``; float64 logits take the
     composite kernels (the fused ones are float32 inside)."""
-    _, kernels = get_kernels(_OP, backend, device)
+    _, kernels = get_kernels(_OP, backend, device, _NAME)
     if dtype not in kernels.dtypes:
         _, kernels = get_kernels(_OP, "composite", device)
     ratio = 1.0 if mode == "sampled" else teacher_temperature / temperature

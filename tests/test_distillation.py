@@ -413,8 +413,12 @@ def test_backend_without_distillation_says_so():
     s = ms.Tensor(np.zeros((2, 3)), ms.float32)
     rows = {r["name"]: r for r in ms_kldiv.backend_info(op="distillation")}
     if "akg" in rows:
-        with pytest.raises(RuntimeError, match="does not implement distillation"):
+        with pytest.raises(RuntimeError, match="For 'distillation_loss', .* does not implement distillation"):
             ms_kldiv.distillation_loss(s, s, backend="akg")
+        with pytest.raises(RuntimeError, match="For 'sparse_distillation_loss', .* does not implement sparse"):
+            ms_kldiv.sparse_distillation_loss(s, ms.Tensor(np.zeros((2, 1), np.int32)), s[:, :1], backend="akg")
+        with pytest.raises(RuntimeError, match="For 'FusedLinearDistillationLoss', .* does not implement"):
+            ms_kldiv.FusedLinearDistillationLoss(backend="akg")
     with pytest.raises(ValueError, match="'backend'"):
         ms_kldiv.distillation_loss(s, s, backend="quantum")
     with pytest.raises(TypeError, match="'backend'"):

@@ -360,6 +360,7 @@ S, T = Tensor(np.zeros((2, 3), np.float32)), Tensor(np.ones((2, 3), np.float32))
     (dict(softcap=-1.0), ValueError, "'softcap'"),
     (dict(logit_scale=0.0), ValueError, "'logit_scale'"),
     (dict(weights=Tensor(np.array([1.0, -1.0], np.float32))), ValueError, "'weights'"),
+    (dict(weights=Tensor(np.array([1.0, np.nan], np.float32))), ValueError, r"'weights' .* got \[nan\]"),
     (dict(weights=Tensor(np.array([1, 2], np.int32))), TypeError, "'weights'"),
     (dict(weights=Tensor(np.ones(3, np.float32))), ValueError, "'weights'"),
 ])

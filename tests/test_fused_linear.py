@@ -145,6 +145,7 @@ def test_training_step_graph_mode_loss_falls():
 @pytest.mark.parametrize("kwargs,error", [
     (dict(temperature=0.0), ValueError), (dict(temperature="2"), TypeError), (dict(backend="cuda"), ValueError), (dict(beta=1.5), ValueError),
     (dict(chunk_size=0), ValueError), (dict(ignore_index=1.5), TypeError), (dict(teacher_grad="yes"), TypeError),
+    (dict(teacher_grad=1), TypeError),
 ])
 def test_bad_arguments(kwargs, error):
     temperature = kwargs.pop("temperature", 1.0)
@@ -166,6 +167,10 @@ def test_bad_inputs_raise_before_running():
         FusedLinearDistillationLoss(hard_weight=1.0)(hs, ws, ht, wt)
     with pytest.raises(TypeError):
         loss_fn(c["hs"], ws, ht, wt)
+    with pytest.raises(TypeError, match="'student_bias' must be a floating Tensor of shape .* got Int32"):
+        loss_fn(hs, ws, ht, wt, labels, ms.Tensor(np.zeros(V, np.int32)), bt)
+    with pytest.raises(ValueError, match=r"'teacher_bias' must be a floating Tensor of shape \(13,\)"):
+        loss_fn(hs, ws, ht, wt, labels, bs, bt[:5])
 
 
 def test_default_chunk_bounds_the_logits():
@@ -301,6 +306,14 @@ def test_hard_labels_out_of_range():
     (hs, ws, ht, wt), labels, (bs, bt) = tensors(c)
     with pytest.raises(ValueError, match=r"'labels' must be in \[0, 13\)"):
         net(hs, ws, ht, wt, labels, bs, bt)
+    # int64 labels that int32 would wrap into range (3) or onto ignore_index (-100)
+    for wrapped in (2**32 + 3, 2**32 - 100):
+        labels64 = c["labels"].astype(np.int64)
+        labels64[3] = wrapped
+        with pytest.raises(ValueError, match=r"'labels' must be in \[0, 13\)"):
+            net(hs, ws, ht, wt, ms.Tensor(labels64), bs, bt)
+        with graph_mode():
+            assert np.isnan(float(net(hs, ws, ht, wt, ms.Tensor(labels64), bs, bt).asnumpy()))
     with graph_mode():
         assert np.isnan(float(net(hs, ws, ht, wt, labels, bs, bt).asnumpy()))
     # soft term only: labels only mark ignored rows, any other value counts the row

@@ -147,13 +147,15 @@ get_op.cache_clear = _make_op.cache_clear
 
 @functools.lru_cache(maxsize=None)
 def _kernels(op, backend_name, device):
-    b = resolve(backend_name, device, op, caller=op)
-    return b.name, b.kernels(op, device)
+    return get(backend_name, device).kernels(op, device)
 
 
-def get_kernels(op, backend, device=None):
-    """(name of the backend chosen, its kernels of ``op``) for ``backend=`` on ``device``; created once."""
-    return _kernels(op, backend, device or device_target())
+def get_kernels(op, backend, device=None, caller=None):
+    """(name of the backend chosen, its kernels of ``op``) for ``backend=`` on ``device``; created once. Errors
+    name ``caller`` (default: the op)."""
+    device = device or device_target()
+    b = resolve(backend, device, op, caller=caller or op)
+    return b.name, _kernels(op, b.name, device)
 
 
 def get_distill_kernels(backend, device=None, variant=None, caller="distillation", vocab_parallel=False):
@@ -162,7 +164,7 @@ def get_distill_kernels(backend, device=None, variant=None, caller="distillation
     ``vocab_parallel`` where they have no slice entry points (``states``; ``ms_kldiv.backends.base``), 'auto' gives
     way to the composite kernels (saying so once) and a named backend raises RuntimeError for ``caller``."""
     device = device or device_target()
-    name, kernels = get_kernels("distillation", backend, device)
+    name, kernels = get_kernels("distillation", backend, device, caller)
     reason = None if variant is None else kernels.unsupported(variant)
     what = variant
     if reason is None and vocab_parallel and not hasattr(kernels, "states"):
