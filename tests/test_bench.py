@@ -219,3 +219,17 @@ def test_fused_linear_subcommand_smoke(tmp_path):
     assert len(heads) == 3 and "head's own peak" in stdout
     for r in heads:
         assert r["first_call_bytes"] > 0 and r["own_peak_bytes"] == max(0, r["peak_bytes"] - r["first_call_bytes"])
+
+
+def test_small_divergence_study_runs(tmp_path):
+    """benchmarks/distill_small_divergence.py (docs/distillation.md#accuracy's table) at a tiny size: a row per noise,
+    temperature and divergence, each error a number, nothing left in the working directory."""
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                          "distill_small_divergence.py")
+    proc = _procs.run([sys.executable, script, "--vocab", "64", "--rows", "2"], 300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split() for line in proc.stdout.splitlines()[1:] if line.strip()]
+    assert len(rows) == 3 * 3 * 6, proc.stdout
+    for row in rows:
+        float(row[-1]), float(row[-4])  # the identical inputs' D / T^2 and the loss's relative error
+    assert list(tmp_path.iterdir()) == []

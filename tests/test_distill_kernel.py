@@ -294,3 +294,28 @@ def test_accuracy_at_llm_vocabulary():
                 within[m, k] += np.count_nonzero(err <= 2.0 ** -8 * np.abs(want[k]))
     print(f"bfloat16 gradients within one rounding (mode x (student, teacher)): {within / (rows * vocab)}")
     assert (within / (rows * vocab) >= 0.999).all(), within / (rows * vocab)
+
+
+@pytest.mark.parametrize("mode", ["pynative", "jit"])
+def test_small_divergences_have_the_documented_absolute_error(mode):
+    """docs/distillation.md#accuracy: the row's D (before T^2) carries an absolute error, < 1e-8 for the one-pass
+    sums (forward / reverse / symmetric KL, TVD: identical inputs exactly 0) and at most 3e-7 for the JSD and the
+    skews (their float32 logs of the mixture), against the float64 reference, for a student close to its teacher."""
+    rng = np.random.default_rng(12)
+    t = (rng.normal(size=(8, 4096)) * 3).astype(np.float32)
+    s = (t + 0.01 * rng.normal(size=t.shape) + 5.0).astype(np.float32)
+    kinds = ((dict(), 1e-8), (dict(beta=1.0), 1e-8), (dict(divergence="symmetric_kl", alpha=0.5), 1e-8),
+             (dict(divergence="tvd"), 1e-8), (dict(beta=0.5), 3e-7), (dict(divergence="skew_kl", alpha=0.1), 3e-7),
+             (dict(divergence="skew_rkl", alpha=0.1), 3e-7))
+    for kw, floor in kinds:
+        for temperature in (1.0, 20.0):
+            def loss(a, b, kw=kw, temperature=temperature):
+                return ms_kldiv.distillation_loss(a, b, temperature, backend="aot", **kw)
+            fn = ms.jit(loss) if mode == "jit" else loss
+            beta = kw.get("beta", 0.0)
+            extra = {k: kw[k] for k in ("divergence", "alpha") if k in kw}
+            exact = reference.distillation_loss(s, t, temperature, "batchmean", beta, **extra)
+            got = float(fn(ms.Tensor(s), ms.Tensor(t)))
+            assert abs(got - exact) / temperature ** 2 <= floor, (kw, temperature, got, exact)
+            same = float(fn(ms.Tensor(t), ms.Tensor(t))) / temperature ** 2
+            assert (same == 0) if floor < 1e-7 else abs(same) <= floor, (kw, temperature, same)
