@@ -15,7 +15,8 @@ GRAPH_MODULES = ["_math.py", "_distill_math.py", "_sparse_math.py", "functional.
                  "sparse_distillation.py", "fused_linear.py", "backends/common.py", "backends/composite.py",
                  "backends/distill.py", "backends/sparse.py", "backends/vocab_parallel.py", "backends/aot.py"]
 HOST_ONLY = {"__init__", "__call__",
-             "HostCall._layout", "_has_exports", "_has_symbols"}  # aot.py: the PyNative host call, library lookup
+             "HostCall._layout", "_has_exports", "_has_symbols",  # aot.py: the PyNative host call, library lookup
+             "_signature", "_spec_key"}  # fused_linear.py: what _CompiledLoop.__call__ keys its graphs by
 COMPREHENSIONS = (ast.ListComp, ast.GeneratorExp, ast.SetComp, ast.DictComp)
 
 
