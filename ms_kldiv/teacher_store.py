@@ -10,7 +10,7 @@ field                  type       content
 =====================  =========  ==========================================================================
 input_ids              int32 [S]  the tokens the teacher saw
 labels                 int32 [S]  optional (present in every sample or in none)
-teacher_ids            bytes      [S, k] little-endian int16 when V <= 32767, else int32; padding id -1
+teacher_ids            bytes      [S, k] little-endian int16 when V <= 32768, else int32; padding id -1
 teacher_values         bytes      [S, k] little-endian float16 / bfloat16 / float32: logprobs or counts
 teacher_ids_dtype      string     "int16" or "int32"           (how to decode ``teacher_ids``)
 teacher_values_dtype   string     "float16", "bfloat16", "float32" (how to decode ``teacher_values``)
@@ -88,8 +88,13 @@ def _compute_dtype(dtype):
 _MS_FLOATING = (ms.float16, ms.bfloat16, ms.float32, ms.float64)
 
 
+def _is_numpy_floating(dtype):
+    # ml_dtypes' bfloat16 is a float numpy does not class as np.floating
+    return np.issubdtype(dtype, np.floating) or dtype.name == "bfloat16"
+
+
 def _check_floating(x, name):
-    floating = x.dtype in _MS_FLOATING if _is_tensor(x) else np.issubdtype(x.dtype, np.floating)
+    floating = x.dtype in _MS_FLOATING if _is_tensor(x) else _is_numpy_floating(x.dtype)
     if not floating:
         raise ValueError(f"'{name}' must be floating point, got {x.dtype}")
 
@@ -165,7 +170,9 @@ def _topk_rows_mindspore(rows, k):
     """Same as _topk_rows_numpy on a Tensor block, on the Tensor's device; only [R, k] comes back to the host."""
     rows = rows.astype(_ms_compute_dtype(rows))
     row_max = rows.max(axis=-1, keepdims=True)
-    _check_row_max(row_max.asnumpy(), "logits")
+    # (MindSpore's CPU max passes over a NaN that is not a row's first element: the row's NaN is looked for)
+    has_nan = ops.isnan(rows).any(axis=-1, keep_dims=True).asnumpy()
+    _check_row_max(np.where(has_nan, np.nan, row_max.asnumpy()), "logits")
     log_normalizer = ops.log(ops.exp(rows - row_max).sum(axis=-1, keepdims=True))
     top, ids = ops.topk(rows, k, dim=-1, largest=True, sorted=True)
     logprobs = (top - row_max) - log_normalizer
@@ -349,9 +356,14 @@ class TeacherStoreWriter:
         parent = os.path.dirname(os.path.abspath(self._path))
         if not os.path.isdir(parent):
             raise FileNotFoundError(f"'path': directory {parent} does not exist")
-        existing = [f for name in self._files for f in (name, name + ".db") if os.path.exists(f)]
+        # with shards, a single-file store at the path itself counts too: readers look for it first
+        candidates = self._files + ([self._path] if shard_num > 1 else [])
+        existing = [f for name in candidates for f in (name, name + ".db") if os.path.exists(f)]
         if existing and not overwrite:
             raise FileExistsError(f"'path': {existing[0]} exists; pass overwrite=True to replace it")
+        for stale in existing if shard_num > 1 else ():
+            if stale in (self._path, self._path + ".db"):
+                os.remove(stale)
         self._writer = FileWriter(self._path, shard_num, overwrite=bool(overwrite))
         self._has_labels = None  # decided by the first sample
         self._pending = []
@@ -487,7 +499,7 @@ class TeacherStoreWriter:
         values = _to_numpy(values, "values")
         if values.shape != expected:
             raise ValueError(f"'values' must have shape [S, k] = {expected}, got {values.shape}")
-        if not (np.issubdtype(values.dtype, np.floating) or np.issubdtype(values.dtype, np.integer)):
+        if not (_is_numpy_floating(values.dtype) or np.issubdtype(values.dtype, np.integer)):
             raise ValueError(f"'values' must be numeric, got dtype {values.dtype}")
         with np.errstate(over="ignore"):  # a float64 log-probability below float32's range is -inf: still p = 0
             values32 = values.astype(np.float32)
@@ -499,10 +511,11 @@ class TeacherStoreWriter:
                                  f"got a maximum of {values32.max()}")
         else:
             limit = _EXACT_COUNT_LIMIT[self._value_dtype]
-            if (values32 < 0).any() or (values32 != np.round(values32)).any():
+            counts = values.astype(np.float64)  # as given: float32 would round 2**24 + 1 onto 2**24
+            if (counts < 0).any() or (counts != np.round(counts)).any():
                 raise ValueError("'values' are counts for kind='sampled' and must be integers >= 0")
-            if values32.max() > limit:
-                raise ValueError(f"'values': a count of {values32.max():.0f} is not exact in "
+            if counts.size and counts.max() > limit:
+                raise ValueError(f"'values': a count of {counts.max():.0f} is not exact in "
                                  f"{self._value_dtype} (exact up to {limit}); use a wider value_dtype")
             if (values32[ids == PAD_ID] != 0).any():
                 raise ValueError("'values' must be 0 where ids is the padding id -1")
@@ -663,6 +676,9 @@ def stored_teacher_dataset(path, *, columns=None, shuffle=False, num_parallel_wo
     if pad_to is not None:
         pad_to = _check_positive_int(pad_to, "pad_to")
     num_parallel_workers = _check_positive_int(num_parallel_workers, "num_parallel_workers")
+    if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, (int, np.integer)) \
+            or not -_INT32_MAX - 1 <= pad_token_id <= _INT32_MAX:
+        raise ValueError(f"'pad_token_id' must be an int32 token id, got {pad_token_id!r}")
 
     sequence_columns = [c for c in ("input_ids", "labels") if c in columns]
     wants_teacher = any(c.startswith("teacher_") for c in columns)

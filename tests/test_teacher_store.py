@@ -126,12 +126,16 @@ def test_topk_from_hidden_equals_from_logits(as_tensor):
     (lambda: ts.teacher_topk(np.zeros((2, 5), np.int32), 2), "logits"),
     (lambda: ts.teacher_topk(ms.Tensor(np.zeros((2, 5), np.int32)), 2), "logits"),
     (lambda: ts.teacher_topk(np.array([[0.0, np.nan, 1.0]], np.float32), 2), "logits"),
+    # MindSpore's CPU max passes over a NaN that is not a row's first element
+    (lambda: ts.teacher_topk(ms.Tensor(np.array([[0.0, np.nan, 1.0]], np.float32)), 2), "logits"),
+    (lambda: ts.teacher_topk_from_hidden(ms.Tensor(np.array([[0.0, np.nan]], np.float32)),
+                                         ms.Tensor(np.eye(2, dtype=np.float32)), 1), "logits"),
     (lambda: ts.teacher_topk(np.zeros((2, 5), np.float32), 2, chunk_rows=0), "chunk_rows"),
     (lambda: ts.teacher_topk_from_hidden(np.zeros((2, 4)), np.zeros((9, 3)), 2), "weight"),
     (lambda: ts.teacher_topk_from_hidden(np.zeros((2, 4)), np.zeros((9, 4)), 2, bias=np.zeros(8)), "bias"),
     (lambda: ts.teacher_sample(np.zeros((2, 5), np.float32), 0, 4, seed=0), "num_samples"),
-], ids=["k>V", "k=0", "int-logits", "int-tensor", "nan-logits", "chunk_rows", "weight-shape", "bias-shape",
-        "num_samples"])
+], ids=["k>V", "k=0", "int-logits", "int-tensor", "nan-logits", "nan-tensor", "nan-hidden-tensor", "chunk_rows",
+        "weight-shape", "bias-shape", "num_samples"])
 def test_bad_teacher_inputs_name_the_argument(call, name):
     with pytest.raises(ValueError, match=f"'{name}'"):
         call()
@@ -279,6 +283,15 @@ def test_write_batch_shards_and_overwrite(tmp_path):
         ts.TeacherStoreWriter(path, 100, 4, shard_num=2)
     _write(path, samples[:1], 100, 4, shard_num=2, overwrite=True)
     assert len(ts.read_stored_teacher(path)) == 1
+    # shards over a single-file store at the same path: readers look for the path itself first, so the old store
+    # would be read; refused, and with overwrite=True the old file goes
+    single = str(tmp_path / "single.mindrecord")
+    _write(single, samples[:1], 100, 4)
+    with pytest.raises(FileExistsError, match="single.mindrecord exists"):
+        ts.TeacherStoreWriter(single, 100, 4, shard_num=2)
+    _write(single, samples, 100, 4, shard_num=2, overwrite=True)
+    assert not os.path.exists(single) and not os.path.exists(single + ".db")
+    assert sorted(s["seq_len"] for s in ts.read_stored_teacher(single)) == [2, 3, 4, 5]
 
 
 def test_dataset_batches_for_training(tmp_path):
@@ -317,6 +330,24 @@ def test_dataset_pads_variable_lengths_and_selects_columns(tmp_path):
     assert list(row) == ["teacher_values", "input_ids"] and row["teacher_values"].shape == (2, 3)
     with pytest.raises(ValueError, match="'columns'"):
         ts.stored_teacher_dataset(path, columns=["logits"])
+    for bad in (2**32 + 7, 1.5, "a", True):  # 2**32 + 7 padded with 7 before (an int32 wrap), 1.5 with 1
+        with pytest.raises(ValueError, match="'pad_token_id'"):
+            ts.stored_teacher_dataset(path, pad_to=6, pad_token_id=bad)
+
+
+def test_numpy_bfloat16_inputs_are_floating(tmp_path):
+    """ml_dtypes' bfloat16 arrays (numpy does not class them as floating) are taken as a bfloat16 Tensor is."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    logits = np.random.default_rng(8).standard_normal((3, 9)).astype(np.float32)
+    half = logits.astype(ml_dtypes.bfloat16)
+    ids, logprobs = ts.teacher_topk(half, 4)
+    ref_ids, ref_logprobs = _reference_topk(half.astype(np.float64), 4)
+    np.testing.assert_array_equal(ids, ref_ids)
+    np.testing.assert_allclose(logprobs, ref_logprobs, rtol=1e-6)
+    assert ts.teacher_sample(half, 5, 9, seed=0)[1].sum() == 15
+    path = str(tmp_path / "bf16.mindrecord")
+    _write(path, [{"input_ids": np.arange(3), "ids": ids, "values": logprobs.astype(ml_dtypes.bfloat16)}], 9, 4)
+    np.testing.assert_array_equal(ts.read_stored_teacher(path)[0]["teacher_ids"], ids)
 
 
 # ------------------------------------------------------------------------------------------- bad input
@@ -339,14 +370,16 @@ GOOD_LOGPROBS = np.array([[-0.1, -2.0], [-0.5, -np.inf]], np.float32)
     ("sampled", {"values": np.array([[2.5, 1], [3, 0]])}, "values"),
     ("sampled", {"values": np.array([[2, 1], [3, 1]])}, "values"),  # count at a padding id
     ("sampled", {"values": np.array([[300, 1], [3, 0]])}, "values"),  # not exact in bfloat16
+    ("sampled-f32", {"values": np.array([[2**24 + 1, 1], [3, 0]])}, "values"),  # float32 would round it to 2**24
 ], ids=["id=V", "id<-1", "repeated-id", "float-ids", "ids-shape", "logprob>0", "nan", "values-shape",
         "labels-shape", "input_ids-shape", "negative-count", "fractional-count", "count-at-padding",
-        "count-not-exact"])
+        "count-not-exact", "count-not-exact-float32"])
 def test_bad_writes_name_the_argument_and_write_nothing(tmp_path, kind, kwargs, name):
+    kind, value_dtype = (kind, "bfloat16") if kind != "sampled-f32" else ("sampled", "float32")
     good_values = GOOD_LOGPROBS if kind == "topk" else np.array([[2, 1], [3, 0]])
     sample = {"input_ids": np.array([5, 6]), "ids": GOOD_IDS, "values": good_values, "labels": np.array([6, -100])}
     sample.update(kwargs)
-    with ts.TeacherStoreWriter(str(tmp_path / "bad.mindrecord"), 10, 2, kind=kind) as writer:
+    with ts.TeacherStoreWriter(str(tmp_path / "bad.mindrecord"), 10, 2, kind=kind, value_dtype=value_dtype) as writer:
         with pytest.raises(ValueError, match=f"'{name}'"):
             writer.write(**sample)
         assert writer.tokens_written == 0
