@@ -673,7 +673,7 @@ def _int32_labels(labels):
     if labels.dtype == ms.int32:
         return labels
     narrow = ops.cast(labels, ms.int32)
-    return ops.where(ops.cast(narrow, labels.dtype) == labels, narrow, 2**31 - 1)
+    return ops.where(ops.cast(narrow, labels.dtype) == labels, narrow, ops.full_like(narrow, 2**31 - 1))
 
 
 def _rows(hidden):
