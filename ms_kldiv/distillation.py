@@ -329,8 +329,10 @@ def _distill(student_logits, teacher_logits, temperature, reduction, beta, label
 def per_item(total, num_items):
     """``total`` over the caller's count; a count of 0 (no token counted in the whole batch) gives 0, as an
     all-ignored batch does."""
-    count = ops.cast(num_items, total.dtype)
-    return ops.where(count > 0, total / ops.where(count > 0, count, 1.0), 0.0)
+    # in float32: MindSpore's CPU comparisons and selects have no bfloat16 kernels
+    count = ops.cast(num_items, ms.float32)
+    loss = ops.where(count > 0, ops.cast(total, ms.float32) / ops.where(count > 0, count, 1.0), 0.0)
+    return loss if total.dtype == ms.float32 else ops.cast(loss, total.dtype)
 
 
 def _distill_whole(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend,
