@@ -239,7 +239,7 @@ def _reduce(total, student_logits, reduction, keep, weights=None):
         counted = ops.sum(weights if keep is None else ops.where(keep, weights, 0.0))
         if reduction == "mean":
             counted = counted * _count(_known_numel(shape[-1:]), student_logits, "vocab", total)
-        loss = ops.where(counted > 0, total / ops.where(counted > 0, counted, 1.0), 0.0)
+        loss = over_count(total, counted)
     elif keep is not None:
         counted = ops.sum(ops.cast(keep, total.dtype))
         if reduction == "mean":
@@ -322,17 +322,18 @@ def _distill(student_logits, teacher_logits, temperature, reduction, beta, label
         loss = _distill_whole(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index,
                               backend, dtype, variant, weights)
     if num_items is not None:
-        loss = per_item(loss, num_items)
+        loss = over_count(loss, num_items)
     return loss
 
 
-def per_item(total, num_items):
-    """``total`` over the caller's count; a count of 0 (no token counted in the whole batch) gives 0, as an
-    all-ignored batch does."""
-    # in float32: MindSpore's CPU comparisons and selects have no bfloat16 kernels
-    count = ops.cast(num_items, ms.float32)
-    loss = ops.where(count > 0, ops.cast(total, ms.float32) / ops.where(count > 0, count, 1.0), 0.0)
-    return loss if total.dtype == ms.float32 else ops.cast(loss, total.dtype)
+def over_count(total, count):
+    """``total / count``, 0 where the count is 0 (the counted rows' weights sum to 0; no token counted in the whole
+    batch, ``num_items_in_batch``), as an all-ignored batch gives. Half types divide in float32: MindSpore's CPU
+    comparisons and selects have no bfloat16 kernels."""
+    dtype = ms.float32 if total.dtype in _validation.HALF_DTYPES else total.dtype
+    count = ops.cast(count, dtype)
+    loss = ops.where(count > 0, ops.cast(total, dtype) / ops.where(count > 0, count, 1.0), 0.0)
+    return loss if dtype == total.dtype else ops.cast(loss, total.dtype)
 
 
 def _distill_whole(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend,

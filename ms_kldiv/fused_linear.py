@@ -243,7 +243,7 @@ class _CompiledLoop(nn.Cell):
         super().__init__()
         self.loop = loop
         self.signatures = {}  # per signature (``_signature``): its first call's shapes; the inputs made dynamic
-        self.specs = None  # what set_inputs was last given
+        self.inputs_set = None  # the (signature, dynamic inputs) set_inputs was last given
 
     def __call__(self, *args):
         key = _signature(args)
@@ -253,12 +253,11 @@ class _CompiledLoop(nn.Cell):
             dynamic = tuple(k for k, (v, f) in enumerate(zip(args, first)) if v.shape[:1] != f[:1])
             self.signatures[key] = (first, dynamic)
         # a call with another signature (e.g. without a bias) is another graph: inputs left over from one of them
-        # crashed MindSpore
-        specs = tuple(Tensor(shape=[None] + list(v.shape[1:]) if k in dynamic else v.shape, dtype=v.dtype)
-                      for k, v in enumerate(args))
-        if _spec_key(specs) != _spec_key(self.specs):
-            self.specs = specs
-            self.set_inputs(*specs)
+        # crashed MindSpore. (A static signature's row count is its first call's: another one makes it dynamic.)
+        if (key, dynamic) != self.inputs_set:
+            self.inputs_set = (key, dynamic)
+            self.set_inputs(*(Tensor(shape=[None] + list(v.shape[1:]) if k in dynamic else v.shape, dtype=v.dtype)
+                              for k, v in enumerate(args)))
         return super().__call__(*args)
 
     @ms.jit
@@ -272,10 +271,6 @@ def _signature(args):
     shows)."""
     rows = args[0].shape[:1]
     return tuple((v.dtype, v.shape[1:] if v.shape[:1] == rows else v.shape) for v in args)
-
-
-def _spec_key(specs):
-    return None if specs is None else tuple((tuple(v.shape), v.dtype) for v in specs)
 
 
 def _carried(v):

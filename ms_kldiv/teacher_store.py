@@ -357,13 +357,12 @@ class TeacherStoreWriter:
         if not os.path.isdir(parent):
             raise FileNotFoundError(f"'path': directory {parent} does not exist")
         # with shards, a single-file store at the path itself counts too: readers look for it first
-        candidates = self._files + ([self._path] if shard_num > 1 else [])
-        existing = [f for name in candidates for f in (name, name + ".db") if os.path.exists(f)]
+        single = [f for f in (self._path, self._path + ".db") if shard_num > 1 and os.path.exists(f)]
+        existing = [f for name in self._files for f in (name, name + ".db") if os.path.exists(f)] + single
         if existing and not overwrite:
             raise FileExistsError(f"'path': {existing[0]} exists; pass overwrite=True to replace it")
-        for stale in existing if shard_num > 1 else ():
-            if stale in (self._path, self._path + ".db"):
-                os.remove(stale)
+        for stale in single:  # MindRecord overwrites the shards it writes, not this
+            os.remove(stale)
         self._writer = FileWriter(self._path, shard_num, overwrite=bool(overwrite))
         self._has_labels = None  # decided by the first sample
         self._pending = []

@@ -162,22 +162,24 @@ def test_empty_batch_with_weights_or_count_is_zero(backend, mode):
 
 @pytest.mark.parametrize("backend", DISTILL_BACKENDS)
 @pytest.mark.parametrize("mode", ("pynative", "jit"))
-def test_num_items_with_half_logits(backend, mode):
+def test_num_items_in_every_dtype(backend, mode):
     """num_items_in_batch with bfloat16 / float16 logits (MindSpore's CPU comparison has no bfloat16 kernel, so the
-    count's guard runs in float32): the 'sum' loss over the count, in the logits' dtype; a count of 0 gives 0."""
+    count's guard runs in float32) and float64 (divided in float64, not rounded through float32): the 'sum' loss
+    over the count, in the logits' dtype; a count of 0 gives 0."""
     rng = np.random.default_rng(9)
-    s32, t32 = _logits(rng, (6, 7)), _logits(rng, (6, 7))
-    for dtype in (ms.bfloat16, ms.float16):
-        s, t = ms.Tensor(s32).astype(dtype), ms.Tensor(t32).astype(dtype)
+    s64, t64 = rng.standard_normal((6, 7)) * 2, rng.standard_normal((6, 7)) * 2
+    for dtype, rtol in ((ms.bfloat16, 1e-2), (ms.float16, 1e-2), (ms.float64, 1e-12)):
+        s, t = ms.Tensor(s64).astype(dtype), ms.Tensor(t64).astype(dtype)
 
         def loss(a, b, n):
             return ms_kldiv.distillation_loss(a, b, 2.0, "batchmean", backend=backend, num_items_in_batch=n)
         fn = ms.jit(loss) if mode == "jit" else loss
         got = fn(s, t, ms.Tensor(4.0))
         assert got.dtype == dtype
-        exact = reference.distillation_loss(s.float().asnumpy(), t.float().asnumpy(), 2.0, "sum") / 4.0
-        np.testing.assert_allclose(float(got.float().asnumpy()), exact, rtol=1e-2)
-        assert float(fn(s, t, ms.Tensor(0.0)).float().asnumpy()) == 0
+        exact = reference.distillation_loss(s.astype(ms.float64).asnumpy(), t.astype(ms.float64).asnumpy(), 2.0,
+                                            "sum") / 4.0
+        np.testing.assert_allclose(float(got.astype(ms.float64).asnumpy()), exact, rtol=rtol, err_msg=str(dtype))
+        assert float(fn(s, t, ms.Tensor(0.0)).astype(ms.float64).asnumpy()) == 0
 
 
 # ----------------------------------------------------------------------------- 4: ignored rows

@@ -16,7 +16,7 @@ GRAPH_MODULES = ["_math.py", "_distill_math.py", "_sparse_math.py", "functional.
                  "backends/distill.py", "backends/sparse.py", "backends/vocab_parallel.py", "backends/aot.py"]
 HOST_ONLY = {"__init__", "__call__",
              "HostCall._layout", "_has_exports", "_has_symbols",  # aot.py: the PyNative host call, library lookup
-             "_signature", "_spec_key"}  # fused_linear.py: what _CompiledLoop.__call__ keys its graphs by
+             "_signature"}  # fused_linear.py: what _CompiledLoop.__call__ keys its graphs by
 COMPREHENSIONS = (ast.ListComp, ast.GeneratorExp, ast.SetComp, ast.DictComp)
 
 
