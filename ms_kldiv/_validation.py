@@ -4,6 +4,7 @@ These run in PyNative and, at compile time, inside GRAPH_MODE / ``ms.jit`` (shap
 there), so they use only plain Python on shapes, dtypes and strings.
 """
 import math
+import numbers
 import warnings
 
 import mindspore as ms
@@ -193,10 +194,15 @@ def logits_shapes(student_shape, teacher_shape, name, names=("student_logits", "
     return out
 
 
+def is_number(value):
+    """A Python or NumPy int or float (a temperature from a NumPy schedule is one); bool is not (an int subclass,
+    always a mistake here; ``numpy.bool_`` is no ``numbers.Real``)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def check_number(value, arg_name, name, low=-math.inf, high=math.inf, low_open=False):
-    """A finite int or float in [low, high] ((low, high] with ``low_open``); bool is refused (an int subclass,
-    always a mistake here)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """A finite number (``is_number``) in [low, high] ((low, high] with ``low_open``)."""
+    if not is_number(value):
         raise TypeError(f"For '{name}', '{arg_name}' must be an int or float, "
                         f"but got {type(value).__name__}: {value!r}.")
     if not math.isfinite(value) or value < low or value > high or (low_open and value == low):
@@ -208,8 +214,13 @@ def check_temperature(temperature, name):
     check_number(temperature, "temperature", name, 0.0, math.inf, low_open=True)
 
 
+def is_integer(value):
+    """A Python or NumPy int; not bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def check_int(value, arg_name, name):
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_integer(value):
         raise TypeError(f"For '{name}', '{arg_name}' must be an int, but got {type(value).__name__}: {value!r}.")
 
 
@@ -441,7 +452,7 @@ def check_num_items(num_items, reduction, name):
             raise TypeError(f"For '{name}', 'num_items_in_batch' must be a number or a 0-d int/float Tensor, but "
                             f"got a {num_items.dtype} Tensor of shape {num_items.shape}.")
         return
-    if isinstance(num_items, bool) or not isinstance(num_items, (int, float)):
+    if not is_number(num_items):
         raise TypeError(f"For '{name}', 'num_items_in_batch' must be a number or a 0-d Tensor, but got "
                         f"{type(num_items).__name__}.")
     if not (math.isfinite(num_items) and num_items > 0):

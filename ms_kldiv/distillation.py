@@ -546,8 +546,9 @@ def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction
         _validation.check_weights_data(weights, _NAME)
     if num_items_in_batch is not None and not compiled(student_logits):
         _validation.check_num_items_data(num_items_in_batch, _NAME)
-    return _distill(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend,
-                    dtype, variant, weights, vocab_parallel_group, num_items_in_batch)
+    # Python numbers from here (NumPy scalars are accepted; kernels and constants are keyed on plain numbers)
+    return _distill(student_logits, teacher_logits, float(temperature), reduction, float(beta), labels,
+                    int(ignore_index), backend, dtype, variant, weights, vocab_parallel_group, num_items_in_batch)
 
 
 class DistillationLoss(nn.Cell):
@@ -595,7 +596,7 @@ class DistillationLoss(nn.Cell):
         self.temperature = float(temperature)
         self.reduction = reduction
         self.beta = float(beta)
-        self.ignore_index = ignore_index
+        self.ignore_index = int(ignore_index)
         self.backend = backend
 
     def construct(self, student_logits, teacher_logits, labels=None, weights=None, num_items_in_batch=None):

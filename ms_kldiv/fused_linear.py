@@ -504,7 +504,7 @@ class FusedLinearDistillationLoss(nn.Cell):
         _validation.check_number(soft_weight, "soft_weight", _NAME, 0.0)
         _validation.check_int(ignore_index, "ignore_index", _NAME)
         for arg, value in (("chunk_size", chunk_size), ("chunk_bytes", chunk_bytes)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            if value is not None and (not _validation.is_integer(value) or value < 1):
                 raise ValueError(f"For '{_NAME}', '{arg}' must be None or a positive int, but got {value!r}.")
         if chunk_size is not None and chunk_bytes is not None:
             raise ValueError(f"For '{_NAME}', give 'chunk_size' (rows) or 'chunk_bytes' (a memory budget), not both.")
@@ -512,9 +512,11 @@ class FusedLinearDistillationLoss(nn.Cell):
             raise TypeError(f"For '{_NAME}', 'teacher_grad' must be None or a bool, but got {teacher_grad!r}.")
         self.temperature = float(temperature)
         self.beta = float(beta)
-        self.ignore_index = ignore_index
+        self.ignore_index = int(ignore_index)
         self.hard_weight = float(hard_weight)
         self.soft_weight = float(soft_weight)
+        chunk_size = None if chunk_size is None else int(chunk_size)
+        chunk_bytes = None if chunk_bytes is None else int(chunk_bytes)
         self.chunk_size = chunk_size
         self.chunk_bytes = chunk_bytes
         self.teacher_grad = teacher_grad is not False
@@ -526,7 +528,7 @@ class FusedLinearDistillationLoss(nn.Cell):
         self.backend, kernels = _kernels_for(backend, self.variant, group is not None)
         if group is not None:
             kernels = VocabParallelKernels(kernels, group)
-        args = (kernels, self.temperature, self.beta, ignore_index, self.hard_weight, self.soft_weight, chunk_size,
+        args = (kernels, self.temperature, self.beta, self.ignore_index, self.hard_weight, self.soft_weight, chunk_size,
                 self.chunk_bytes)
         options = dict(variant=self.variant, hard_options=(self.z_loss, self.label_smoothing), group=group)
         self.core = _FusedCore(*args, self.teacher_grad, **options)

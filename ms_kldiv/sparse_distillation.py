@@ -195,7 +195,8 @@ def sparse_distillation_loss(student_logits, teacher_ids, teacher_values, *, mod
     _validation.check_vocab_parallel(vocab_parallel_group, "sum", _NAME)
     _check_args(student_logits, teacher_ids, teacher_values, mode, labels, _NAME, reduction, num_items_in_batch)
     return _sparse(student_logits, teacher_ids, teacher_values, mode, float(temperature), float(teacher_temperature),
-                   float(beta), reduction, labels, ignore_index, backend, vocab_parallel_group, num_items_in_batch)
+                   float(beta), reduction, labels, int(ignore_index), backend, vocab_parallel_group,
+                   num_items_in_batch)
 
 
 class SparseDistillationLoss(nn.Cell):
@@ -224,7 +225,7 @@ class SparseDistillationLoss(nn.Cell):
         self.teacher_temperature = float(teacher_temperature)
         self.beta = float(beta)
         self.reduction = reduction
-        self.ignore_index = ignore_index
+        self.ignore_index = int(ignore_index)
         self.backend = backend
 
     def construct(self, student_logits, teacher_ids, teacher_values, labels=None, num_items_in_batch=None):

@@ -284,3 +284,58 @@ def test_composite_float32_accuracy(mode, backend):
         same = _logits(rng, (8, 300))
         got = run(mode, backend, same, same, temperature=2.0, beta=beta)
         assert all(abs(got[r][0]).max() < 1e-12 for r in REDUCTIONS)
+
+
+# ----------------------------------------------------------------------------- NumPy scalars as options
+@pytest.mark.parametrize("backend", DISTILL_BACKENDS)
+@pytest.mark.parametrize("mode,kind", [("pynative", "functional"), ("pynative", "cell"), ("graph", "cell"),
+                                       ("jit", "functional")])
+def test_numpy_scalar_options(backend, mode, kind):
+    """A temperature or beta from a NumPy schedule (``np.float32``) is the number it holds, as Python's float:
+    values and both gradients against the reference (it raised a TypeError before)."""
+    rng = np.random.default_rng(12)
+    s, t = _logits(rng, (4, 6)), _logits(rng, (4, 6))
+    got = {r: tuple(to_numpy(o) for o in out) for r, out in
+           run_all(mode, backend, s, t, None, np.float32(2.0), np.float64(0.5), kind=kind, key="numpy").items()}
+    check(got, expected(s, t, None, 2.0, 0.5))
+
+
+@pytest.mark.parametrize("mode", ("pynative", "jit"))
+def test_numpy_scalar_options_of_every_loss(mode):
+    """Every loss's numeric options as NumPy scalars (ints for ignore_index, chunk_size, num_items_in_batch) give
+    what the same Python numbers give; NumPy bools stay refused."""
+    rng = np.random.default_rng(13)
+    s, t = ms.Tensor(_logits(rng, (6, 9))), ms.Tensor(_logits(rng, (6, 9)))
+    labels = ms.Tensor(np.array([1, -7, 3, 0, -7, 8], np.int32))
+    ids = ms.Tensor(np.argsort(-t.asnumpy(), -1)[:, :4].astype(np.int32))
+    values = ms.Tensor(np.sort(t.asnumpy() - np.log(np.exp(t.asnumpy()).sum(-1, keepdims=True)), -1)[:, ::-1][:, :4]
+                       .copy())
+    h = ms.Tensor(_logits(rng, (6, 5)))
+    ws, wt = ms.Tensor(_logits(rng, (9, 5), 0.5)), ms.Tensor(_logits(rng, (9, 5), 0.5))
+
+    def losses(f, i):
+        """Each loss with numbers made by ``f`` (float options) and ``i`` (int options)."""
+        dense = ms_kldiv.distillation_loss(s, t, f(1.5), "batchmean", labels=labels, ignore_index=i(-7),
+                                           divergence="skew_kl", alpha=f(0.2), softcap=f(7.0), logit_scale=f(0.9),
+                                           num_items_in_batch=i(5))
+        sparse = ms_kldiv.sparse_distillation_loss(s, ids, values, temperature=f(1.5), teacher_temperature=f(1.0),
+                                                   beta=f(0.25), labels=labels, ignore_index=i(-7))
+        return dense, sparse
+
+    fn = ms.jit(losses, static_argnames=("f", "i")) if mode == "jit" else losses
+    want = [float(x) for x in fn(float, int)]
+    got = [float(x) for x in fn(np.float32, np.int64)]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert all(w > 0 for w in want)
+    head = ms_kldiv.FusedLinearDistillationLoss(np.float32(1.5), beta=np.float64(0.5), ignore_index=np.int32(-7),
+                                                hard_weight=np.float32(0.3), soft_weight=np.float64(0.7),
+                                                chunk_size=np.int64(4), z_loss=np.float32(1e-3))
+    plain = ms_kldiv.FusedLinearDistillationLoss(1.5, beta=0.5, ignore_index=-7, hard_weight=0.3, soft_weight=0.7,
+                                                 chunk_size=4, z_loss=1e-3)
+    assert head.chunk_size == 4 and type(head.chunk_size) is int and type(head.temperature) is float
+    head_fn = ms.jit(head) if mode == "jit" else head
+    np.testing.assert_allclose(float(head_fn(h, ws, h, wt, labels)), float(plain(h, ws, h, wt, labels)),
+                               rtol=1e-6)
+    for bad in ({"temperature": np.bool_(True)}, {"beta": np.array([0.5])}):
+        with pytest.raises(TypeError, match=list(bad)[0]):
+            ms_kldiv.distillation_loss(s, t, **bad)
