@@ -23,7 +23,7 @@ import ms_kldiv  # first: keeps MindSpore's compiler files out of the working di
 import mindspore as ms
 from mindspore import nn, ops
 
-ROWS, FEATURES, HIDDEN, VOCAB = 64, 16, 32, 1001  # 1001: the slices are uneven (501 + 500 on 2 ranks)
+ROWS, FEATURES, HIDDEN, VOCAB = 64, 16, 32, 1001  # 1001: the slices are uneven (500 + 501 on 2 ranks)
 
 
 def launched_by_msrun():

@@ -7,10 +7,11 @@ Usage::
     ms_kldiv.backend_info(op=None)                                         # what runs on this device, and why
 """
 from ._compat import check_mindspore as _check_mindspore
-from ._env import keep_cwd_clean as _keep_cwd_clean
+from ._env import check_settings as _check_settings, keep_cwd_clean as _keep_cwd_clean
 
 _check_mindspore()  # an unsupported MindSpore fails here, with the supported range, not inside a kernel
 _keep_cwd_clean()
+_check_settings()
 
 from . import backends  # noqa: E402
 from .distillation import DistillationLoss, distillation_loss  # noqa: E402

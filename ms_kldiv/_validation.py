@@ -28,7 +28,7 @@ class TensorMeta:
     __slots__ = ("shape", "dtype")
 
     def __init__(self, shape, dtype):
-        self.shape = tuple(shape)
+        self.shape = (-2,) if shape is None else tuple(shape)  # a GRAPH_MODE Cell's unknown rank arrives as None
         self.dtype = dtype
 
     @property
@@ -358,8 +358,8 @@ def check_weights_data(weights, name):
 
 
 def check_num_items_data(num_items, name):
-    """PyNative only: a Tensor ``num_items_in_batch`` must be finite and >= 0, as a number must be positive (0: no
-    token counted in the whole batch, whose loss is then 0, as an all-ignored batch's)."""
+    """PyNative only: a Tensor ``num_items_in_batch`` must be finite and >= 0, as a number must (0: no token counted
+    in the whole batch, whose loss is then 0, as an all-ignored batch's)."""
     if not isinstance(num_items, Tensor):
         return
     value = float(num_items.float().asnumpy() if num_items.dtype == ms.bfloat16 else num_items.asnumpy())
@@ -440,7 +440,7 @@ def check_vocab_parallel_dtype(dtype, name):
 
 
 def check_num_items(num_items, reduction, name):
-    """``num_items_in_batch``: None, a positive number, or a 0-d float/int Tensor; with 'batchmean' or
+    """``num_items_in_batch``: None, a number >= 0, or a 0-d float/int Tensor; with 'batchmean' or
     'tokenmean' only (it replaces their count)."""
     if num_items is None:
         return
@@ -455,5 +455,5 @@ def check_num_items(num_items, reduction, name):
     if not is_number(num_items):
         raise TypeError(f"For '{name}', 'num_items_in_batch' must be a number or a 0-d Tensor, but got "
                         f"{type(num_items).__name__}.")
-    if not (math.isfinite(num_items) and num_items > 0):
-        raise ValueError(f"For '{name}', 'num_items_in_batch' must be positive and finite, but got {num_items}.")
+    if not (math.isfinite(num_items) and num_items >= 0):  # 0: no token counted in the whole batch, loss 0
+        raise ValueError(f"For '{name}', 'num_items_in_batch' must be finite and >= 0, but got {num_items}.")

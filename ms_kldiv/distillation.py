@@ -6,7 +6,6 @@ accurately than ``log_softmax`` gives it (and in float16, probabilities below 6e
 which divides by the number of classes as well as the batch; and with MindSpore's ``ops.kl_div`` the teacher
 gets no gradient, which silently breaks trainable teachers and mutual learning.
 """
-import functools
 
 import mindspore as ms
 from mindspore import nn, ops
@@ -14,7 +13,7 @@ from mindspore.ops import constexpr
 
 from . import _validation
 from ._distill_math import KL, Variant, _pairwise, constants, log_mixture, log_softmax_plain, transformed
-from .backends import _device_target_const, check_name, compiled, distill, get_distill_kernels
+from .backends import _device_target_const, check_name, choice_cache, compiled, distill, get_distill_kernels
 from .backends.vocab_parallel import VocabParallelKernels, vocab_group
 from .functional import kl_div
 from .reference import DISTILL_REDUCTIONS
@@ -136,7 +135,7 @@ def _divergence(log_p_student, log_p_teacher, beta, reduction, backend, variant=
                                                         backend=backend))
 
 
-@functools.lru_cache(maxsize=None)
+@choice_cache
 def _fused_rows(backend, device, temperature, beta, graph, variant=KL):
     """(dtypes the kernels take, their per-row loss op) for these settings: the distillation kernels that the
     registry picks for ``backend`` on ``device`` for ``variant`` (RuntimeError when that backend cannot run them)."""
@@ -144,7 +143,7 @@ def _fused_rows(backend, device, temperature, beta, graph, variant=KL):
     return kernels.dtypes, distill.rows_op(kernels, temperature, beta, split=graph, variant=variant)
 
 
-@functools.lru_cache(maxsize=None)
+@choice_cache
 def _sliced_rows(backend, device, temperature, beta, graph, variant, group):
     """As _fused_rows, for each rank's slice of the vocabulary in ``group``: the kernels merge the rows across it."""
     _, kernels = get_distill_kernels(backend, device, variant, _NAME, vocab_parallel=True)
@@ -507,8 +506,9 @@ def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction
         backend (str, optional): ``'auto'`` or a name from :func:`ms_kldiv.backend_names`, checked before anything
             runs. ``'auto'`` / ``'aot'`` use the fused distillation kernels where they run (CPU, GPU, Ascend with its
             operators installed) for one shape of float32/half logits and a reducing `reduction`; otherwise, and on
-            ``'composite'`` / ``'akg'``, two log-softmaxes and :func:`ms_kldiv.kl_div` on that backend. On CPU and
-            GPU that composition computes float32 logits in float64 (MindSpore's float32 ``exp`` / ``log`` are
+            ``'composite'``, two log-softmaxes and the divergence's pointwise terms. Backends that implement kl_div
+            only (``'akg'``, ``'native'``; ``ms_kldiv.backend_info(op='distillation')``) raise RuntimeError, from
+            the Cell's constructor for :class:`DistillationLoss`. On CPU and GPU that composition computes float32 logits in float64 (MindSpore's float32 ``exp`` / ``log`` are
             several ulp off; the result is within float32 rounding of the exact loss); on Ascend it computes in
             float32 (about 1e-5 relative). Default: ``'auto'``.
 
@@ -598,6 +598,9 @@ class DistillationLoss(nn.Cell):
         self.beta = float(beta)
         self.ignore_index = int(ignore_index)
         self.backend = backend
+        # a backend that cannot run this loss here raises now, for this Cell, not at its first call
+        get_distill_kernels(backend, variant=self.variant, caller="DistillationLoss",
+                            vocab_parallel=vocab_parallel_group is not None)
 
     def construct(self, student_logits, teacher_logits, labels=None, weights=None, num_items_in_batch=None):
         dtype = _check_args(student_logits, teacher_logits, self.temperature, self.reduction, self.beta, labels,

@@ -12,7 +12,7 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from . import _validation
-from .backends import _device_target_const, check_name_const, compiled, get_kernels, sparse
+from .backends import _device_target_const, check_name_const, choice_cache, compiled, get_kernels, sparse
 from .backends.vocab_parallel import SlicedSparseKernels, vocab_group
 from .distillation import _reduce, over_count
 from .reference import SPARSE_REDUCTIONS
@@ -62,7 +62,7 @@ def _check_args(student_logits, teacher_ids, teacher_values, mode, labels, name,
                   described(labels), name, reduction, described(num_items))
 
 
-@functools.lru_cache(maxsize=None)
+@choice_cache
 def _rows_op(backend, device, dtype, mode, temperature, teacher_temperature, beta):
     """The per-row loss op for these settings: the registry's kernels for ``backend``; float64 logits take the
     composite kernels (the fused ones are float32 inside)."""

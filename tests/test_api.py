@@ -128,6 +128,9 @@ def test_auto_falls_back_and_says_so_once(monkeypatch):
     registry.get_op.cache_clear()
     try:
         x, t = make([-1.0, -2.0], ms.float32)[0], make([0.5, 0.5], ms.float32)[0]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ms_kldiv.backend_info()  # a query: it neither warns nor spends the run's warning
         with pytest.warns(RuntimeWarning, match="test-preferred-broken") as record:
             first = ms_kldiv.kl_div(x, t, reduction="sum")
         assert "it is a test double" in str(record[0].message)
@@ -141,6 +144,97 @@ def test_auto_falls_back_and_says_so_once(monkeypatch):
         assert not info[_PreferredButBroken.name]["auto"]
     finally:
         registry.get_op.cache_clear()
+
+
+class _CountingComposite(registry.Backend):
+    """The composite math under another name, preferred over every backend, counting what each op builds."""
+    name = "test-counting"
+    description = "registered by test_api only"
+    ops = ("kl_div", "distillation", "sparse_distillation")
+
+    def __init__(self, device):
+        self.preference = {device: 10 ** 6}
+        self.built = []
+        self.inner = registry.get("composite", device)
+
+    def make_op(self, reduction, log_target):
+        self.built.append("kl_div")
+        return self.inner.make_op(reduction, log_target)
+
+    def distill_kernels(self, device):
+        self.built.append("distillation")
+        return self.inner.distill_kernels(device)
+
+    def sparse_kernels(self, device):
+        self.built.append("sparse_distillation")
+        return self.inner.sparse_kernels(device)
+
+
+def test_register_reaches_every_op(monkeypatch):
+    """A backend registered after every op has run (and cached its choice) is what 'auto' runs next, for every op:
+    backend_info's 'auto' row and the op that runs agree (the distillation and stored-teacher losses kept their
+    cached kernels before)."""
+    device = ms.get_context("device_target")
+    rng = np.random.default_rng(3)
+    x, t = make(rng.normal(size=(3, 4)) - 1, ms.float32)[0], make(rng.uniform(0, 1, (3, 4)), ms.float32)[0]
+    s, te = make(rng.normal(size=(3, 5)), ms.float32)[0], make(rng.normal(size=(3, 5)), ms.float32)[0]
+    ids, values = ms.Tensor(np.array([[0, 2]] * 3, np.int32)), ms.Tensor(np.full((3, 2), -1.0, np.float32))
+
+    def run_every_op():
+        return (ms_kldiv.kl_div(x, t, "sum"), ms_kldiv.distillation_loss(s, te), ms_kldiv.DistillationLoss()(s, te),
+                ms_kldiv.sparse_distillation_loss(s, ids, values))
+    before = [float(v) for v in run_every_op()]
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    counting = _CountingComposite(device)
+    try:
+        registry.register(counting)
+        for op in registry.OPS:
+            assert [r["name"] for r in ms_kldiv.backend_info(op=op) if r["auto"]] == [counting.name], op
+        after = [float(v) for v in run_every_op()]
+        assert set(counting.built) == set(registry.OPS), counting.built
+        np.testing.assert_allclose(after, before, rtol=1e-5)
+    finally:
+        monkeypatch.undo()
+        for cache in registry._CHOICE_CACHES:  # what was built from the test's backend goes with it
+            cache.cache_clear()
+    assert counting.name not in ms_kldiv.backend_names()
+
+
+def test_backend_info_checks_its_device():
+    for bad in ("cpu", "TPU", "gpu"):
+        with pytest.raises(ValueError, match="For 'backend_info', 'device' must be None or one of"):
+            ms_kldiv.backend_info(bad)
+
+
+def test_cells_name_themselves_in_backend_errors():
+    """A Cell's backend errors name the Cell and come from its constructor, as its other argument errors do."""
+    with pytest.raises(ValueError, match="For 'KLDivLoss', 'backend' must be 'auto' or one of"):
+        ms_kldiv.KLDivLoss(backend="nope")
+    with pytest.raises(ValueError, match="For 'DistillationLoss', 'backend' must be 'auto' or one of"):
+        ms_kldiv.DistillationLoss(backend="nope")
+    for op, cell in (("kl_div", ms_kldiv.KLDivLoss), ("distillation", ms_kldiv.DistillationLoss)):
+        for row in ms_kldiv.backend_info(op=op):
+            if not row["available"]:
+                with pytest.raises(RuntimeError, match=f"For '{cell.__name__}', backend '{row['name']}' cannot"):
+                    cell(backend=row["name"])
+
+
+def test_unreadable_settings_warn():
+    """A set variable the package cannot read is named in one warning at import (the kernels fell back to their
+    defaults without a word: MS_KLDIV_ISA=AVX2, MS_KLDIV_NUM_THREADS=abc); readable and unset ones say nothing."""
+    from ms_kldiv import _env
+    good = {"MS_KLDIV_NUM_THREADS": "4", "MS_KLDIV_ISA": "avx2", "MS_KLDIV_PREFETCH": "0", "MS_KLDIV_HOST_CALL": "0",
+            "MS_KLDIV_NO_BUILD": "1", "MS_KLDIV_HEAD_KERNEL": ""}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _env.check_settings(good) == []
+    bad = {"MS_KLDIV_NUM_THREADS": "abc", "MS_KLDIV_ISA": "AVX2", "MS_KLDIV_PREFETCH": "-5",
+           "MS_KLDIV_HOST_CALL": "false", "MS_KLDIV_PARALLEL_MIN": "0"}
+    with pytest.warns(RuntimeWarning) as record:
+        found = _env.check_settings(bad)
+    assert len(record) == 1 and len(found) == len(bad)
+    for name, value in bad.items():
+        assert f"{name}={value!r} is not" in str(record[0].message)
 
 
 def test_require_backends_guard(monkeypatch):

@@ -136,7 +136,7 @@ def test_empty_batch_with_weights_or_count_is_zero(backend, mode):
     """The empty-batch rule with per-row ``weights`` and with ``num_items_in_batch`` (the weighted means returned
     MindSpore's uninitialized empty sums, 1.0, inf or 1e9, before they reached the row-count guard): 0 for every
     reduction, after non-empty calls that would leave a stale sum behind; and a Tensor count of 0 (no token
-    counted in the whole batch) gives 0 in both modes, not inf."""
+    counted in the whole batch) gives 0 in both modes, not inf; so does a Python 0, on any batch."""
     rng = np.random.default_rng(5)
     empty = ms.Tensor(np.zeros((0, 5), np.float32))
 
@@ -154,10 +154,13 @@ def test_empty_batch_with_weights_or_count_is_zero(backend, mode):
             assert float(fn(s, t, reduction, num_items_in_batch=ms.Tensor(3.0))) > 0
             assert float(fn(empty, empty, reduction, num_items_in_batch=ms.Tensor(3.0))) == 0, reduction
             assert float(fn(empty, empty, reduction, num_items_in_batch=ms.Tensor(0.0))) == 0, reduction
+            assert float(fn(s, t, reduction, num_items_in_batch=ms.Tensor(0.0))) == 0, reduction
+            assert float(fn(s, t, reduction, num_items_in_batch=0)) == 0, reduction
     if mode == "pynative":
         for bad in (-1.0, float("nan"), float("inf")):
-            with pytest.raises(ValueError, match="'num_items_in_batch' must be finite and >= 0"):
-                loss(s, t, "batchmean", num_items_in_batch=ms.Tensor(bad))
+            for count in (ms.Tensor(bad), bad):
+                with pytest.raises(ValueError, match="'num_items_in_batch' must be finite and >= 0"):
+                    loss(s, t, "batchmean", num_items_in_batch=count)
 
 
 @pytest.mark.parametrize("backend", DISTILL_BACKENDS)

@@ -98,7 +98,7 @@ def _logits():
     (dict(vocab_parallel_group="no_such_group"), ValueError, "vocab_parallel_group"),
     (dict(vocab_parallel_group="g", reduction="none"), ValueError, "reducing"),
     (dict(vocab_parallel_group="g", reduction="mean"), ValueError, "'mean'"),
-    (dict(num_items_in_batch=0), ValueError, "num_items_in_batch"),
+    (dict(num_items_in_batch=-1), ValueError, "num_items_in_batch"),
     (dict(num_items_in_batch="7"), TypeError, "num_items_in_batch"),
     (dict(num_items_in_batch=4.0, reduction="sum"), ValueError, "num_items_in_batch"),
 ])

@@ -20,13 +20,24 @@ from .. import _compat
 from .base import OPS, Backend
 
 __all__ = ["Backend", "OPS", "register", "names", "get", "resolve", "get_op", "get_kernels", "get_distill_kernels",
-           "backend_info", "device_target"]
+           "backend_info", "device_target", "choice_cache", "DEVICES"]
 
 _logger = logging.getLogger("ms_kldiv")
 _REGISTRY = {}
 _WARNED = set()
 # Modules of this package that register a backend when imported.
 _BUILTIN_MODULES = ("composite", "aot", "akg", "ascend")
+#: MindSpore's device targets.
+DEVICES = ("CPU", "GPU", "Ascend")
+_CHOICE_CACHES = []
+
+
+def choice_cache(fn):
+    """``functools.lru_cache`` for what is built from the registry's choice (ops, kernels, the ops over them):
+    ``register`` empties every such cache, so a newly registered backend takes effect for every op at once."""
+    cached = functools.lru_cache(maxsize=None)(fn)
+    _CHOICE_CACHES.append(cached)
+    return cached
 
 
 def register(backend):
@@ -40,8 +51,8 @@ def register(backend):
         raise TypeError(f"register() expects a named ms_kldiv.backends.Backend instance, got {backend!r}")
     impls = [b for b in _REGISTRY.get(backend.name, []) if type(b) is not type(backend)]
     _REGISTRY[backend.name] = impls + [backend]
-    _make_op.cache_clear()
-    _kernels.cache_clear()
+    for cache in _CHOICE_CACHES:
+        cache.cache_clear()
     return backend
 
 
@@ -101,8 +112,9 @@ def check_name(name, caller="kl_div"):
 check_name_const = constexpr(check_name)
 
 
-def resolve(name="auto", device=None, op="kl_div", caller=None):
-    """The Backend that ``backend=name`` runs ``op`` with on ``device`` (default: the current device target)."""
+def resolve(name="auto", device=None, op="kl_div", caller=None, warn=True):
+    """The Backend that ``backend=name`` runs ``op`` with on ``device`` (default: the current device target);
+    ``warn``: say once when 'auto' falls back (not for a query, ``backend_info``)."""
     device = device or device_target()
     caller = caller or op
     check_name(name, caller)
@@ -111,7 +123,7 @@ def resolve(name="auto", device=None, op="kl_div", caller=None):
         for b in _ranked(device):
             reason = b.unavailable_reason(device, op)
             if reason is None:
-                if skipped:
+                if skipped and warn:
                     _warn_once((device, op, b.name, tuple(s for s, _ in skipped)),
                                f"ms_kldiv: backend 'auto' runs {op} on {device} with '{b.name}' because "
                                + "; ".join(f"'{s}' is unavailable ({r})" for s, r in skipped))
@@ -126,7 +138,7 @@ def resolve(name="auto", device=None, op="kl_div", caller=None):
     return b
 
 
-@functools.lru_cache(maxsize=None)
+@choice_cache
 def _make_op(backend_name, device, reduction, log_target, graph):
     b = resolve(backend_name, device)
     return b.make_graph_op(reduction, log_target) if graph else b.make_op(reduction, log_target)
@@ -145,7 +157,7 @@ compiled = constexpr(_compat.is_graph_placeholder, check=False)
 get_op.cache_clear = _make_op.cache_clear
 
 
-@functools.lru_cache(maxsize=None)
+@choice_cache
 def _kernels(op, backend_name, device):
     return get(backend_name, device).kernels(op, device)
 
@@ -188,12 +200,14 @@ def backend_info(device=None, op="kl_div"):
     ``description``.
     """
     device = device or device_target()
+    if device not in DEVICES:
+        raise ValueError(f"For 'backend_info', 'device' must be None or one of {list(DEVICES)}, but got {device!r}.")
     if op is None:
         return [row for each in OPS for row in backend_info(device, each)]
     if op not in OPS:
         raise ValueError(f"For 'backend_info', 'op' must be None or one of {list(OPS)}, but got {op!r}.")
     try:
-        chosen = resolve("auto", device, op).name
+        chosen = resolve("auto", device, op, warn=False).name
     except RuntimeError:
         chosen = None
     rows = []

@@ -20,6 +20,8 @@ from .._validation import HALF_DTYPES, kldiv_broadcast_shape
 # calling Custom ops at once can each get the other's result (built-in ops are safe). PyNative calls of the ops
 # built on Custom hold this lock while they dispatch (not while the kernel runs); compiled graphs are unaffected.
 DISPATCH_LOCK = threading.RLock()
+#: The most dims compiled BroadcastTo takes.
+_BROADCAST_TO_MAX_RANK = 8
 
 
 class SerializedDispatch:
@@ -73,6 +75,8 @@ class KLDivWrapper(nn.Cell):
     def construct(self, x, t):
         sx, st = ops.shape(x), ops.shape(t)
         shape = kldiv_broadcast_shape(sx, st)
+        if shape is None:  # an unknown rank (a Cell's set_inputs with shape=None): broadcast at run time
+            shape = (None,)
         if self.fallback is not None and _routes_to_fallback(x.dtype, shape, len(sx), len(st), *self.route):
             return self.fallback(x, t)
         dtype = x.dtype
@@ -87,9 +91,9 @@ class KLDivWrapper(nn.Cell):
             # back) have no bfloat16 kernel, and float32 sums are more accurate anyway.
             x = ops.cast(x, ms.float32)
             t = ops.cast(t, ms.float32)
-        if None in shape or 0 in shape:
-            # Compiled CPU BroadcastTo refuses an empty target shape, and dynamic dims are only known at run
-            # time: arithmetic broadcasting handles both (and its gradient sums back).
+        if None in shape or 0 in shape or len(shape) > _BROADCAST_TO_MAX_RANK:
+            # Compiled CPU BroadcastTo refuses an empty target shape and more than 8 dims, and dynamic dims are
+            # only known at run time: arithmetic broadcasting handles all three (and its gradient sums back).
             # Every gradient of an empty broadcast is a sum of nothing, 0; autodiff's sum back through the broadcast
             # would run CPU ReduceSum on an empty tensor, which returns garbage. So the operands are cut from the
             # gradient when the broadcast is empty: known at compile time, or (unknown dims) at run time.

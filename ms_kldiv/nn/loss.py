@@ -2,7 +2,7 @@
 from mindspore import nn
 
 from .. import _validation
-from ..backends import compiled, get_op
+from ..backends import compiled, get_op, resolve
 from ..functional import promoted_operands
 
 
@@ -54,6 +54,7 @@ class KLDivLoss(nn.Cell):
         self.reduction = reduction
         self.log_target = log_target
         self.backend = backend
+        resolve(backend, caller="KLDivLoss")  # an unknown or unusable backend is named for this Cell, here
         # Resolved (and the primitives created) once, for the device target set at construction: one op for
         # PyNative calls and one for compiled graphs (see Backend.make_graph_op).
         self.op = get_op(backend, reduction, log_target)
