@@ -110,11 +110,23 @@ def jit_floor_factory(n, dtype, reduction, mode):
     return _jit_add() if mode == "fwd" else None
 
 
+#: The study's rows: key -> (label, factory).
+STUDY_ROWS = {"aot_kernel": ("ms_kldiv aot kernel alone (ctypes)", kernel_factory),
+              "roofline": ("stream read (C++, same threads)", roofline_factory),
+              "numpy_read": ("stream read (numpy sum, 1 thread)", numpy_read_factory),
+              "jit_floor": ("ms.jit launch floor (a + b, 4 elements)", jit_floor_factory)}
+#: What the study pairs with what unless --paired-ref is given.
+PAIRED = ["--paired-ref", "roofline", "--paired-rows", "aot_kernel,aot,aot_jit,jit_floor"]
+DESCRIPTION = ("Roofline study of the CPU kernel: the main benchmark's rows with the library built with diagnostics, "
+               "beside the streaming read of the same bytes, the kernel alone and MindSpore's ms.jit launch floor, "
+               "every call paired with the read and split into before / kernel / after.")
+EPILOG = (f"study rows: {', '.join(STUDY_ROWS)}. Without --paired-ref the study runs with {' '.join(PAIRED)}. "
+          "docs/cpu_aot.md explains what these rows showed.")
+
+
 def register_study_rows():
-    add_row("aot_kernel", "ms_kldiv aot kernel alone (ctypes)", kernel_factory)
-    add_row("roofline", "stream read (C++, same threads)", roofline_factory)
-    add_row("numpy_read", "stream read (numpy sum, 1 thread)", numpy_read_factory)
-    add_row("jit_floor", "ms.jit launch floor (a + b, 4 elements)", jit_floor_factory)
+    for key, (label, factory) in STUDY_ROWS.items():
+        add_row(key, label, factory)
     rows.kernel_span = _library_span()
 
 
@@ -134,12 +146,16 @@ def use_diagnostics_library():
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    use_diagnostics_library()
+    if not any(a == "--paired-ref" or a.startswith("--paired-ref=") for a in argv):
+        argv += PAIRED
     from ms_kldiv.bench import __main__ as cli
+    # the arguments first: --help, or a bad value, must not wait for the diagnostics library's build
+    ap = cli.parser(prog="python benchmarks/kldiv_roofline.py", description=DESCRIPTION, epilog=EPILOG,
+                    row_keys=cli.ROW_KEYS + list(STUDY_ROWS))
+    args = ap.parse_args(argv)
+    use_diagnostics_library()
     cli.EXTRA_ROWS.append(register_study_rows)
-    if "--paired-ref" not in argv:
-        argv += ["--paired-ref", "roofline", "--paired-rows", "aot_kernel,aot,aot_jit,jit_floor"]
-    return cli.main(argv)
+    return cli.run(args, ap)
 
 
 if __name__ == "__main__":

@@ -233,3 +233,191 @@ def test_small_divergence_study_runs(tmp_path):
     for row in rows:
         float(row[-1]), float(row[-4])  # the identical inputs' D / T^2 and the loss's relative error
     assert list(tmp_path.iterdir()) == []
+
+
+# --- the command lines refuse bad values (argparse: usage, the flag's name, exit code 2) before building or timing
+
+def _refused(main, argv, capsys):
+    """The stderr of ``main(argv)``, which must exit with argparse's code 2."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2, argv
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, flag, valid", [
+    (["--modes", "Grad"], "--modes", "fwd, grad"),  # a typo once timed the forward under a value+grad heading
+    (["--modes", "fwd,"], None, None),  # an empty item is left out: not an error by itself (see below)
+    (["--rows", "nosuch"], "--rows", "aot, aot_jit"),
+    (["--rows", "aot,aot_jt"], "--rows", "aot_jit"),
+    (["--sizes", "4X"], "--sizes", "4K"),
+    (["--sizes", ","], "--sizes", None),
+    (["--rounds", "0"], "--rounds", ">= 1"),
+    (["--min-time", "-1"], "--min-time", ">= 0"),
+    (["--dtypes", "float8"], "--dtypes", "float32, float64, float16, bfloat16"),
+    (["--reductions", "avg"], "--reductions", "none, sum, mean, batchmean"),
+    (["--ref", "aot_jt"], "--ref", "aot_jit"),
+    (["--paired-ref", "nosuch"], "--paired-ref", "aot_jit"),
+    (["--paired-ref", "aot", "--paired-rows", "aot,nosuch"], "--paired-rows", "aot_jit"),
+])
+def test_main_bench_refuses_bad_arguments(argv, flag, valid, capsys, monkeypatch):
+    from ms_kldiv.bench import __main__ as cli
+    if flag is None:  # parsed, not refused: the rest of the run is not this test's business
+        args = cli.parser().parse_args(argv)
+        assert args.modes == ["fwd"]
+        return
+    monkeypatch.setattr(cli, "run", lambda *a: pytest.fail("parsed a bad value"))
+    err = _refused(cli.main, argv, capsys)
+    assert f"argument {flag}:" in err and "usage: python -m ms_kldiv.bench" in err, err
+    assert valid is None or valid in err, err
+
+
+def test_main_bench_parses_lists_as_before():
+    from ms_kldiv.bench import __main__ as cli
+    args = cli.parser().parse_args(["--sizes", "4K,1.5k,100", "--rows", "aot,ops_jit", "--paired-ref", ""])
+    assert args.sizes == [4096, 1536, 100] and args.rows == ["aot", "ops_jit"] and args.paired_ref == ""
+    args = cli.parser().parse_args([])
+    assert args.sizes == [4 << 10, 64 << 10, 1 << 20, 4 << 20, 32 << 20] and args.modes == ["fwd", "grad"]
+    assert args.rows == [] and args.dtypes == ["float32"] and args.paired_rows == ["aot", "aot_jit"]
+
+
+def test_main_bench_row_keys_are_the_registered_rows(monkeypatch):
+    # --rows, --ref and --paired-ref are checked against ROW_KEYS before anything is registered: the two must agree
+    from ms_kldiv.bench import __main__ as cli, harness, rows
+    monkeypatch.setattr(harness, "_ROWS", [])
+    rows.register_default_rows(with_torch=False)
+    assert sorted(key for key, _, _ in harness.rows()) == sorted(set(cli.ROW_KEYS) - {"torch"})
+
+
+def test_main_bench_refuses_a_row_not_registered_here(capsys, monkeypatch):
+    # 'torch' is a valid key, but with --no-torch it has no row: refused, not an empty table or a dropped ratio table
+    import mindspore as ms
+    from ms_kldiv.bench import __main__ as cli, harness
+    monkeypatch.setattr(harness, "_ROWS", [])
+    monkeypatch.setattr(ms, "set_context", lambda **kwargs: None)  # this process's mode stays as it is
+    monkeypatch.setattr(harness, "run", lambda *a, **k: pytest.fail("timed with a row missing"))
+    for argv, flag in ((["--rows", "torch"], "--rows"), (["--ref", "torch"], "--ref"),
+                       (["--paired-ref", "torch"], "--paired-ref")):
+        err = _refused(cli.main, ["--no-torch", "--sizes", "4K"] + argv, capsys)
+        assert f"argument {flag}: row 'torch' is not available here" in err and "aot_jit" in err, err
+
+
+def test_help_describes_every_command_and_lists_the_subcommands(capsys):
+    from ms_kldiv.bench import __main__ as cli, distill, fused_linear, sparse
+    for main, description in ((cli.main, cli.DESCRIPTION), (distill.main, distill.DESCRIPTION),
+                              (fused_linear.main, fused_linear.DESCRIPTION), (sparse.main, sparse.DESCRIPTION)):
+        with pytest.raises(SystemExit) as exc:
+            main(["--help"])
+        assert exc.value.code == 0
+        out = capsys.readouterr().out
+        assert description.endswith(".") and " ".join(description.split()) in " ".join(out.split()), out
+        flags = [line.split()[0] for line in out.split("options:")[1].splitlines() if line.startswith("  --")]
+        assert flags and " ".join(out.split("options:")[1].split()).count("(default:") >= len(flags), out
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    epilog = capsys.readouterr().out.split("subcommands")[1]
+    for name in cli.SUBCOMMANDS:
+        assert f"\n  {name} " in epilog, epilog
+
+
+@pytest.mark.parametrize("argv, flag, valid", [
+    (["--modes", "bad"], "--modes", "fwd, grad, step"),
+    (["--rows", "fusd,stream"], "--rows", "fused, composition, ms_ops, torch, stream"),
+    (["--sizes", "4096x"], "--sizes", "rows x V"),
+    (["--sizes", "8x16x4"], "--sizes", "rows x V"),
+    (["--betas", "0.5x"], "--betas", "[0, 1]"),
+    (["--betas", "2"], "--betas", "[0, 1]"),
+    (["--repeats", "0"], "--repeats", ">= 1"),
+    (["--dtypes", "float8"], "--dtypes", "float32, bfloat16"),
+    (["--divergences", "jds"], "--divergences", "jsd, tvd"),
+])
+def test_distill_refuses_bad_arguments(argv, flag, valid, capsys, monkeypatch):
+    from ms_kldiv.bench import distill
+    monkeypatch.setattr(distill, "in_child", lambda *a: pytest.fail("ran a row"))
+    err = _refused(distill.main, argv, capsys)
+    assert f"argument {flag}:" in err and valid in err and "usage: python -m ms_kldiv.bench distill" in err, err
+
+
+@pytest.mark.parametrize("argv, flag, valid", [
+    (["--rows", "fusd"], "--rows", "fused, fused_pynative"),
+    (["--rows", "fused_pynativ"], "--rows", "fused_pynative"),  # once ran the GRAPH_MODE head under this name
+    (["--sizes", "16x16"], "--sizes", "N x H x V"),
+    (["--sizes", "16x16x0"], "--sizes", "N x H x V"),
+    (["--dtypes", "float8"], "--dtypes", "float32, bfloat16"),
+    (["--repeats", "0"], "--repeats", ">= 1"),
+    (["--chunk-size", "-1"], "--chunk-size", ">= 0"),
+])
+def test_fused_linear_refuses_bad_arguments(argv, flag, valid, capsys, monkeypatch):
+    from ms_kldiv.bench import fused_linear
+    monkeypatch.setattr(fused_linear, "in_child", lambda *a: pytest.fail("ran a row"))
+    err = _refused(fused_linear.main, argv, capsys)
+    assert f"argument {flag}:" in err and valid in err and "usage: python -m ms_kldiv.bench fused-linear" in err, err
+
+
+def test_subcommands_are_refused_through_the_main_command(capsys):
+    from ms_kldiv.bench import __main__ as cli
+    for argv, flag in ((["distill", "--modes", "bad"], "--modes"), (["fused-linear", "--sizes", "16x16"], "--sizes"),
+                       (["sparse", "--n", "0"], "--n")):
+        assert f"argument {flag}:" in _refused(cli.main, argv, capsys)
+
+
+def _distill_record(**extra):
+    return dict({"row": "fused", "n": 64, "v": 512, "dtype": "float32", "beta": 0.0, "mode": "fwd", "seconds": 0.0031,
+                 "peak_bytes": 2**20, "logits_bytes": 64 * 512 * 4}, **extra)
+
+
+def test_distill_table_ratios_are_the_times_shown_over_the_fused_time_shown():
+    # A (paired) row's ratio is the median of its pairs: the table shows that pair's two calls, not the row's
+    # separate best (0.0145 s here) beside the fused row's (0.0031 s), whose ratio (4.7x) contradicted 0.86x.
+    from ms_kldiv.bench import distill
+    fused = _distill_record()
+    paired = _distill_record(row="fused-tvd", seconds=0.0145, paired_ratio=0.86, paired_ref_seconds=0.0116,
+                             paired_median_seconds=0.0129, paired_median_ref_seconds=0.0150)
+    composition = _distill_record(row="composition", seconds=0.0084)
+    for rec in (fused, paired, composition):
+        seconds, peak, mult, ref, ratio = distill.table_row(rec, fused)
+        assert abs(float(seconds) / float(ref) - float(ratio.split("x")[0])) < 0.01, (seconds, ref, ratio)
+        assert peak == "1.00 MB" and mult == "8.00"
+    assert distill.table_row(paired, fused)[-1] == "0.86x (paired)" and distill.table_row(paired, fused)[3] == "0.0150"
+    assert distill.table_row(composition, fused)[3:] == ("0.0031", "2.71x")
+    assert distill.table_row(composition, {})[3:] == ("-", "-")  # the cell's fused row failed
+
+
+def test_distill_pairs_record_the_median_pair(monkeypatch):
+    # The median pair's own two times are recorded, their ratio the recorded paired_ratio. A fake clock: each call
+    # advances it by its cost, the calls in order (warm-up: the row, then forward KL; then the pairs, alternating).
+    import time
+    from ms_kldiv.bench import distill
+    clock = [0.0]
+    costs = iter([5.0, 2.0] + [3.0, 2.0] + [2.0, 1.0] + [4.0, 2.0] + [3.0, 2.0] + [2.0, 4.0])
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+
+    def call(s, t):
+        clock[0] += next(costs)
+    # pairs' ratios (row / forward KL): 2/3, 2/1, 2/4, 3/2, 4/2: the median is the fourth pair's
+    rec = distill._paired_with_forward_kl(call, call, None, None, lambda out: out, repeats=1)
+    assert rec == {"paired_ratio": 1.5, "paired_ref_seconds": 1.0, "paired_median_seconds": 3.0,
+                   "paired_median_ref_seconds": 2.0}
+
+
+def _roofline_study():
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                        "kldiv_roofline.py")
+    spec = importlib.util.spec_from_file_location("kldiv_roofline_cli", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_roofline_study_parses_its_arguments_before_building(capsys, monkeypatch):
+    # --help and bad values must not wait for (or start) the diagnostics library's build
+    study = _roofline_study()
+    monkeypatch.setattr(study, "use_diagnostics_library", lambda: pytest.fail("built before parsing"))
+    with pytest.raises(SystemExit) as exc:
+        study.main(["--help"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0 and out.startswith("usage: python benchmarks/kldiv_roofline.py"), out
+    assert " ".join(study.DESCRIPTION.split()) in " ".join(out.split()) and "jit_floor" in out
+    err = _refused(study.main, ["--rows", "aot,nosuch"], capsys)
+    assert "argument --rows:" in err and "roofline" in err and "kldiv_roofline.py" in err, err

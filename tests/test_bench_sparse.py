@@ -68,3 +68,46 @@ def test_sparse_subcommand_skips_a_row_too_big(tmp_path):
     records = json.loads(out.read_text())
     assert [r["row"] for r in records] == ["check"] and records[0]["skipped"] and records[0]["needs_bytes"] > 0
     assert "not run: needs about" in proc.stdout
+
+
+@pytest.mark.parametrize("argv, flag, valid", [
+    (["--quick", "--ks", "1,x"], "--ks", ">= 1"),
+    (["--quick", "--ks", "0"], "--ks", ">= 1"),
+    (["--quick", "--rows", "fusd"], "--rows", "fused, composition, torch, read_once"),
+    (["--n", "0"], "--n", ">= 1"),  # once meant the default 4096 rows
+    (["--vocabs", "512,"], None, None),
+    (["--vocabs", "5x"], "--vocabs", ">= 1"),
+    (["--ks-at-large", "-1"], "--ks-at-large", ">= 1"),
+    (["--dtypes", "float8"], "--dtypes", "float32, bfloat16, float16"),
+    (["--temperature", "0"], "--temperature", "> 0"),
+    (["--teacher-temperature", "nan"], "--teacher-temperature", "> 0"),
+    (["--beta", "1.5"], "--beta", "[0, 1]"),
+    (["--repeats", "0"], "--repeats", ">= 1"),
+    (["--max-gb", "0"], "--max-gb", "> 0"),
+])
+def test_sparse_subcommand_refuses_bad_arguments(argv, flag, valid, capsys, monkeypatch):
+    # argparse errors (exit code 2, the flag named) before any cell is checked or timed
+    from ms_kldiv.bench import sparse
+    monkeypatch.setattr(sparse, "run_cell", lambda *a: pytest.fail("ran a cell"))
+    if flag is None:  # an empty item is left out
+        monkeypatch.setattr(sparse, "run_cell", lambda n, v, k, *a: (seen.append((n, v, k)), None)[1])
+        seen = []
+        assert sparse.main(argv + ["--quick", "--ks", "4", "--dtypes", "float32", "--rows", "fused"]) == 0
+        assert seen == [(64, 512, 4)]
+        capsys.readouterr()
+        return
+    with pytest.raises(SystemExit) as exc:
+        sparse.main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and f"argument {flag}:" in err and valid in err, err
+    assert "usage: python -m ms_kldiv.bench sparse" in err, err
+
+
+def test_sparse_subcommand_sizes_given_win_over_quick(monkeypatch, capsys):
+    from ms_kldiv.bench import sparse
+    seen = []
+    monkeypatch.setattr(sparse, "run_cell", lambda n, v, k, dtype, *a: seen.append((n, v, k, dtype)))
+    sparse.main(["--quick", "--n", "16", "--vocabs", "1024,256", "--ks-at-large", "2", "--dtypes", "bfloat16",
+                 "--rows", "fused"])
+    assert seen == [(16, 256, 1, "bfloat16"), (16, 256, 8, "bfloat16"), (16, 1024, 2, "bfloat16")]
+    assert "16 rows" in capsys.readouterr().out

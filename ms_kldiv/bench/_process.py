@@ -76,8 +76,8 @@ def save_records(path, records):
 
 
 def rows_to_run(spec):
-    """The comma-separated row keys of ``spec``, less 'torch' where torch cannot be imported."""
-    rows = [r for r in spec.split(",") if r]
+    """The row keys of ``spec`` (a list, or comma-separated), less 'torch' where torch cannot be imported."""
+    rows = [r for r in (spec.split(",") if isinstance(spec, str) else spec) if r]
     if "torch" in rows:
         try:
             import torch  # noqa: F401  (imported before timing: its OpenMP runtime is then loaded)

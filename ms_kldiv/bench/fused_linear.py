@@ -20,10 +20,15 @@ import json
 import os
 import sys
 
+from . import _args
 from ._process import available_bytes, fmt_bytes, in_child, measure, print_row, rows_to_run, save_records
 
 SIZES = ((4096, 1024, 32000), (8192, 1024, 131072), (4096, 1024, 262144))
 ROWS = ("fused", "fused_pynative", "fused_loop", "matmuls", "kernels", "composition", "composition_unfused", "torch")
+DTYPES = ("float32", "bfloat16", "float16")
+DESCRIPTION = ("Time one forward+backward of a student head trained against a frozen teacher, chunked "
+               "(FusedLinearDistillationLoss) against its unavoidable matmuls and kernels and the unchunked "
+               "compositions, with compile time and peak memory, each row in a child process of its own.")
 #: Rows that the head's time is compared against: together they are what the head cannot avoid doing.
 FLOOR = ("matmuls", "kernels")
 #: The head rows, and the N x H x V at which each is also run for the framework's first-call memory.
@@ -144,8 +149,7 @@ def _floor_step(row, tensors, temperature, chunk_size):
 
 def _torch_step(arrays, dtype_name, temperature):
     import torch
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
-    hs, ws, ht, wt = [torch.from_numpy(a).to(dtype) for a in arrays]
+    hs, ws, ht, wt = [torch.from_numpy(a).to(getattr(torch, dtype_name)) for a in arrays]
     hs.requires_grad_(True)
     ws.requires_grad_(True)
 
@@ -174,13 +178,17 @@ def run_child(row, n, h, v, dtype_name, repeats, chunk_size, temperature=2.0):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m ms_kldiv.bench fused-linear", description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default=",".join("x".join(map(str, s)) for s in SIZES),
-                    help="N x H x V triples, comma-separated (default: %(default)s)")
-    ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--rows", default=",".join(ROWS))
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--chunk-size", type=int, default=0, help="rows per chunk (default: the loss's own choice)")
+    ap = argparse.ArgumentParser(prog="python -m ms_kldiv.bench fused-linear", description=DESCRIPTION,
+                                 formatter_class=_args.Formatter)
+    ap.add_argument("--sizes", type=_args.comma_list(_args.dims("N", "H", "V")),
+                    default=",".join("x".join(map(str, s)) for s in SIZES), help="N x H x V triples, comma-separated")
+    ap.add_argument("--dtypes", type=_args.comma_list(_args.choice(DTYPES, "dtype")), default="float32,bfloat16",
+                    help=f"hidden states' and weights' dtypes, any of {','.join(DTYPES)}")
+    ap.add_argument("--rows", type=_args.comma_list(_args.choice(ROWS, "row")), default=",".join(ROWS),
+                    help=f"rows to run, any of {','.join(ROWS)}")
+    ap.add_argument("--repeats", type=_args.number(int, low=1), default=2, help="timed steps per row after the first")
+    ap.add_argument("--chunk-size", type=_args.number(int, low=0), default=0,
+                    help="rows per chunk (0: the loss's own choice)")
     ap.add_argument("--json", default=None, help="write the records to this file")
     ap.add_argument("--child", nargs=7, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -196,9 +204,9 @@ def main(argv=None):
     print("| N x H x V | dtype | row | compile s | fwd+bwd s | peak above inputs | first call at TINY "
           "| head's own peak | time vs matmuls + kernels |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|")
-    for size in args.sizes.split(","):
-        n, h, v = (int(p) for p in size.split("x"))
-        for dtype_name in args.dtypes.split(","):
+    for n, h, v in args.sizes:
+        size = f"{n}x{h}x{v}"
+        for dtype_name in args.dtypes:
             recs = {}
             for r in rows:
                 if r in per_element:  # an unchunked row: run only where its estimated peak fits

@@ -34,13 +34,19 @@ import os
 import sys
 import time
 
+from . import _args
 from ._process import _read_kb, _reset_peak, available_bytes, fmt_bytes, in_child, measure, print_row, rows_to_run, \
     save_records
 
 KS = (1, 64, 256)
 VOCABS = (32000, 151936)
 ROWS = ("fused", "composition", "torch", "read_once", "read_once_torch")
-QUICK = {"rows": 64, "ks": "1,8", "vocabs": "512"}
+#: The sizes run by default, and with --quick (the tests'); keys: the flags' names.
+FULL = {"n": 4096, "ks": KS, "vocabs": VOCABS}
+QUICK = {"n": 64, "ks": (1, 8), "vocabs": (512,)}
+DESCRIPTION = ("Time distillation from a stored teacher (sparse_distillation_loss: K ids and log-probabilities per "
+               "row), the fused kernels against the composition a user writes, with each row's peak memory, every "
+               "cell checked before it is timed.")
 #: Targets: peak above inputs / logits (fused value+grad), forward / read-once (fused), composition / fused (v+g).
 TARGET_MEMORY, TARGET_FORWARD, TARGET_SPEEDUP = 1.1, 1.3, 4.0
 #: Peak bytes above the inputs per logit assumed where none was measured yet in the run: the larger of float32's and
@@ -441,25 +447,35 @@ def run_cell(n, v, k, dtype_name, rows, args, per_logit, records):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m ms_kldiv.bench sparse", description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=None, help="rows (tokens) of the logits (default: 4096)")
-    ap.add_argument("--ks", default=None, help=f"teacher ids per row (default: {','.join(map(str, KS))})")
-    ap.add_argument("--vocabs", default=None, help=f"V values (default: {','.join(map(str, VOCABS))})")
-    ap.add_argument("--ks-at-large", default=None,
-                    help="K values at the V values above the smallest (default: --ks); e.g. 64 for a shorter run")
-    ap.add_argument("--dtypes", default="float32,bfloat16", help="student logits dtypes (default: %(default)s)")
-    ap.add_argument("--mode", default="tail", choices=("tail", "renormalize", "sampled"),
-                    help="the loss's mode (default: %(default)s)")
-    ap.add_argument("--temperature", type=float, default=2.0)
-    ap.add_argument("--teacher-temperature", type=float, default=1.0)
-    ap.add_argument("--beta", type=float, default=0.0)
-    ap.add_argument("--rows", default=",".join(ROWS), help="rows to run (default: %(default)s)")
-    ap.add_argument("--repeats", type=int, default=3, help="timed calls per row after the first (best is shown)")
-    ap.add_argument("--max-gb", type=float, default=10.0,
+    ap = argparse.ArgumentParser(prog="python -m ms_kldiv.bench sparse", description=DESCRIPTION,
+                                 formatter_class=_args.Formatter)
+    counts = _args.comma_list(_args.number(int, low=1))
+    ap.add_argument("--n", type=_args.number(int, low=1), default=None,
+                    help=f"rows (tokens) of the logits; unset: {FULL['n']}, or {QUICK['n']} with --quick")
+    ap.add_argument("--ks", type=counts, default=None,
+                    help=f"teacher ids per row; unset: {_join(FULL['ks'])}, or {_join(QUICK['ks'])} with --quick")
+    ap.add_argument("--vocabs", type=counts, default=None,
+                    help=f"V values; unset: {_join(FULL['vocabs'])}, or {_join(QUICK['vocabs'])} with --quick")
+    ap.add_argument("--ks-at-large", type=counts, default=None,
+                    help="K values at the V values above the smallest (unset: --ks); e.g. 64 for a shorter run")
+    ap.add_argument("--dtypes", type=_args.comma_list(_args.choice(tuple(_ITEMSIZE), "dtype")),
+                    default="float32,bfloat16", help=f"student logits dtypes, any of {_join(_ITEMSIZE)}")
+    ap.add_argument("--mode", default="tail", choices=("tail", "renormalize", "sampled"), help="the loss's mode")
+    ap.add_argument("--temperature", type=_args.number(float, above=0), default=2.0, help="the loss's temperature")
+    ap.add_argument("--teacher-temperature", type=_args.number(float, above=0), default=1.0,
+                    help="the temperature the teacher's stored log-probabilities were taken at")
+    ap.add_argument("--beta", type=_args.number(float, low=0, high=1), default=0.0,
+                    help="the loss's beta (0: forward KL, 1: reverse KL, between: generalized JSD)")
+    ap.add_argument("--rows", type=_args.comma_list(_args.choice(ROWS, "row")), default=",".join(ROWS),
+                    help=f"rows to run, any of {_join(ROWS)}")
+    ap.add_argument("--repeats", type=_args.number(int, low=1), default=3,
+                    help="timed calls per row after the first (best is shown)")
+    ap.add_argument("--max-gb", type=_args.number(float, above=0), default=10.0,
                     help="rows whose inputs and peak would exceed this (or 85%% of the available memory) are not "
-                         "run; the memory they would need is printed instead (default: %(default)s)")
+                         "run; the memory they would need is printed instead")
     ap.add_argument("--quick", action="store_true",
-                    help=f"tiny sizes (the tests): {QUICK['rows']} rows, K {QUICK['ks']}, V {QUICK['vocabs']} (unless given)")
+                    help=f"tiny sizes (the tests): {QUICK['n']} rows, K {_join(QUICK['ks'])}, V "
+                         f"{_join(QUICK['vocabs'])} (unless given)")
     ap.add_argument("--json", default=None, help="write the records to this file")
     ap.add_argument("--child", nargs=11, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -469,10 +485,10 @@ def main(argv=None):
                         float(beta), int(repeats))
         print(json.dumps(rec), flush=True)
         return 0
-    sizes = QUICK if args.quick else {"rows": 4096, "ks": ",".join(map(str, KS)), "vocabs": ",".join(map(str, VOCABS))}
-    args.n = args.n or sizes["rows"]  # given flags win over --quick's sizes
-    args.ks = args.ks or sizes["ks"]
-    args.vocabs = args.vocabs or sizes["vocabs"]
+    sizes = QUICK if args.quick else FULL
+    for name, value in sizes.items():  # given flags win over --quick's sizes
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     rows = rows_to_run(args.rows)
     rows = [r for r in rows if r != "read_once_torch" or "torch" in sys.modules or _torch_importable()]
     records, per_logit, summary = [], {}, []
@@ -483,11 +499,11 @@ def main(argv=None):
     print("| K | V | dtype | row | fwd s | value+grad s | steady peak above inputs fwd (x logits) | steady peak above "
           "inputs v+g (x logits) | fwd / read-once | composition v+g / this v+g | loss |")
     print("|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    vocabs = sorted(int(x) for x in args.vocabs.split(","))
+    vocabs = sorted(args.vocabs)
     for v in vocabs:
         ks = args.ks if v == vocabs[0] or not args.ks_at_large else args.ks_at_large
-        for k in (int(x) for x in ks.split(",")):
-            for dtype_name in args.dtypes.split(","):
+        for k in ks:
+            for dtype_name in args.dtypes:
                 targets = run_cell(args.n, v, k, dtype_name, rows, args, per_logit, records)
                 if targets:
                     summary.append(targets)
@@ -501,6 +517,10 @@ def main(argv=None):
     if args.json:
         print(f"wrote {args.json}")
     return 0
+
+
+def _join(values):
+    return ",".join(map(str, values))
 
 
 def _torch_importable():
