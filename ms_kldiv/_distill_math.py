@@ -48,24 +48,31 @@ def hyper(temperature, beta, variant=KL):
             float(variant.softcap), float(variant.logit_scale))
 
 
-def transformed(z, variant):
-    """Both models' logits as the loss sees them: z * logit_scale, soft-capped (differentiable)."""
+def transformed(z, variant, wide=None):
+    """Both models' logits as the loss sees them: z * logit_scale, soft-capped (differentiable). ``wide``: a dtype
+    the soft cap is computed in (MindSpore's float32 CPU tanh is up to 1e-4 off); the result has z's dtype."""
     if variant.logit_scale != 1.0:
         z = z * ops.cast(_f64(variant.logit_scale), z.dtype)
     if variant.softcap > 0:
+        narrow = z.dtype
+        if wide is not None:
+            z = ops.cast(z, wide)
         cap = ops.cast(_f64(variant.softcap), z.dtype)
         # a masked class (-inf) stays masked: cap * tanh(-inf) would give it the finite logit -cap
         z = ops.where(z == _NEG_INF, z, cap * ops.tanh(ops.where(z == _NEG_INF, 0.0, z) / cap))
+        if wide is not None:
+            z = ops.cast(z, narrow)
     return z
 
 
-def transform_slope(z, variant):
-    """d transformed(z) / dz."""
+def transform_slope(z, variant, wide=None):
+    """d transformed(z) / dz (``wide``: as in ``transformed``)."""
     scale = ops.cast(_f64(variant.logit_scale), z.dtype)
     if variant.softcap <= 0:
         return ops.ones_like(z) * scale
-    th = ops.tanh(z * scale / ops.cast(_f64(variant.softcap), z.dtype))
-    return scale * (1.0 - th * th)
+    zw = z if wide is None else ops.cast(z, wide)
+    th = ops.tanh(zw * ops.cast(_f64(variant.logit_scale / variant.softcap), zw.dtype))
+    return scale * ops.cast(1.0 - th * th, z.dtype)
 _NEG_INF = float("-inf")
 _pointwise_kl = _math.pointwise(True).loss  # p (log p - log q) for (log q, log p), exactly 0 where p is 0
 

@@ -30,7 +30,7 @@ from mindspore.ops import constexpr
 from . import _compat, _validation
 from ._distill_math import (KL, cross_entropy_and_grad, sliced_cross_entropy_and_grad, transform_slope, transformed,
                             two_pass)
-from .backends import check_name, compiled, get_distill_kernels, get_kernels
+from .backends import check_name, compiled, device_target, get_distill_kernels, get_kernels
 from .backends.distill import row_loss
 from .backends.vocab_parallel import (SliceInfo, SlicedSparseKernels, VocabParallelKernels, gather_cell, sum_cell,
                                       vocab_group)
@@ -78,6 +78,8 @@ class _ChunkStep(nn.Cell):
         self.hard_weight = hard_weight
         self.variant = variant
         self.transformed = variant.softcap > 0 or variant.logit_scale != 1.0
+        # the hard term's soft cap in float64 where it runs (MindSpore's float32 CPU tanh is up to 1e-4 off)
+        self.wide = ms.float64 if variant.softcap > 0 and device_target() == "CPU" else None
         self.z_loss, self.label_smoothing = hard_options
         self.soft_weight = soft_weight
         self.student = student
@@ -124,7 +126,7 @@ class _ChunkStep(nn.Cell):
             loss = loss + ops.sum(ops.where(keep, row_loss(stats, self.mark) * g, 0.0)) * (self.soft_weight * scale)
             ds = self.kernel_student(s_c, *teacher_c, stats, g) * (self.soft_weight * scale)
             if self.hard_weight != 0:
-                z = transformed(s_c, self.variant) if self.transformed else s_c
+                z = transformed(s_c, self.variant, self.wide) if self.transformed else s_c
                 if self.sliced:  # vocab: (this slice's first column, the whole vocabulary)
                     hard, dce = sliced_cross_entropy_and_grad(z, ops.where(keep, label, 0), keep, g, self.z_loss,
                                                               self.label_smoothing, vocab[0], vocab[1], self.gather,
@@ -133,7 +135,7 @@ class _ChunkStep(nn.Cell):
                     hard, dce = cross_entropy_and_grad(z, ops.where(keep, label, 0), keep, g, self.z_loss,
                                                        self.label_smoothing)
                 if self.transformed:
-                    dce = dce * transform_slope(s_c, self.variant)
+                    dce = dce * transform_slope(s_c, self.variant, self.wide)
                 loss = loss + hard * (self.hard_weight * scale)
                 ds = ds + dce * (self.hard_weight * scale)
             dhs = ops.tensor_scatter_add(dhs, at, ops.matmul(ds, ws))

@@ -345,6 +345,49 @@ def test_head_variants_weights_z_loss_label_smoothing(backend, exec_mode):
         np.testing.assert_allclose(to_numpy(got), exp, atol=3e-6, err_msg=name)
 
 
+class _HeadOnLogits(nn.Cell):
+    def __init__(self, head):
+        super().__init__()
+        self.head = head
+
+    def construct(self, h, w, ht, wt, labels):
+        return self.head(h, w, ht, wt, labels)
+
+
+@pytest.mark.parametrize("exec_mode", ("pynative", "graph"))
+def test_head_hard_term_under_a_tight_soft_cap(head_impl, exec_mode):
+    """The hard term of logits soft-capped where tanh bends most (cap 1, scale 2: cap * tanh(2 z)), with and without
+    the soft term: value and gradients at float32 accuracy on both head implementations (the chunk loop's float32
+    tanh, MindSpore's CPU one, put the gradients 7e-4 off)."""
+    rng = np.random.default_rng(25)
+    rows, hidden, vocab = 9, 5, 37
+    h, ht = rng.normal(size=(rows, hidden)), rng.normal(size=(rows, hidden))
+    w, wt = rng.normal(size=(vocab, hidden)), rng.normal(size=(vocab, hidden))
+    labels = rng.integers(0, vocab, size=rows)
+    labels[::4] = -100
+    args = [Tensor(a, ms.float32) for a in (h, w, ht, wt)] + [Tensor(labels, ms.int32)]
+    hr, wr, htr, wtr = (to_numpy(a) for a in args[:4])
+    keep = labels != -100
+    for soft_weight in (0.0, 1.0):
+        head = ms_kldiv.FusedLinearDistillationLoss(1.0, softcap=1.0, logit_scale=2.0, hard_weight=1.0,
+                                                    soft_weight=soft_weight, chunk_size=4, teacher_grad=False)
+        fn = ms.value_and_grad(_HeadOnLogits(head), grad_position=(0, 1))
+        with graph_mode() if exec_mode == "graph" else contextlib.nullcontext():
+            value, grads = fn(*args)
+
+        def loss_of(logits, soft_weight=soft_weight):
+            soft = ref.distillation_loss(logits, htr @ wtr.T, 1.0, "tokenmean", 0.0, labels, softcap=1.0,
+                                         logit_scale=2.0)
+            hard = _hard_reference(np.tanh(2.0 * logits), np.where(keep, labels, 0), 0.0, 0.0)
+            return soft_weight * soft + np.sum(np.where(keep, hard, 0.0)) / keep.sum()
+
+        logits = hr @ wr.T
+        d_logits = central_differences(loss_of, logits)
+        np.testing.assert_allclose(float(value), loss_of(logits), rtol=1e-6)
+        for got, exp, name in zip(grads, (d_logits @ wr, d_logits.T @ hr), ("hidden", "weight")):
+            np.testing.assert_allclose(to_numpy(got), exp, atol=2e-6, err_msg=f"{name} soft_weight={soft_weight}")
+
+
 S, T = Tensor(np.zeros((2, 3), np.float32)), Tensor(np.ones((2, 3), np.float32))
 
 
