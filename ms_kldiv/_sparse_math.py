@@ -101,14 +101,17 @@ def support(x, ids, values, tail, ratio):
     return _buckets(log_r, lse, lse_off, values, valid, tail, ratio) + (lse, lse_off, hits, at, valid, bad)
 
 
-def sliced_support(x, ids, values, tail, ratio, slice_info, gather, total):
+def sliced_support(x, ids, values, tail, ratio, slice_info, gather, total, width=None):
     """``support`` for this rank's slice x [R, V_r] of the scaled student logits (vocabulary parallelism): the ids
     stay global, ``slice_info`` = int32 (first column of the slice, whole vocabulary); ``gather`` (x [R, k] ->
     [ranks, R, k]) merges the slices' normalizers, ``total`` (a SUM over the ranks) assembles the student's logits at
-    the ids. The hits, positions and scattered ids are this slice's."""
+    the ids. The hits, positions and scattered ids are this slice's. ``width``: the slice's own width when x
+    carries a stand-in column (an empty slice; default: x's)."""
     valid = ids >= 0
-    local = ids - slice_info[0]
-    mine = ops.logical_and(valid, ops.logical_and(local >= 0, local < x.shape[-1]))
+    # slices [i:i + 1], not integer indices: after a check raised inside a PyNative value_and_grad, MindSpore
+    # refused integer indexing of tensors for the rest of the process
+    local = ids - slice_info[0:1]
+    mine = ops.logical_and(valid, ops.logical_and(local >= 0, local < (x.shape[-1] if width is None else width)))
     at = ops.where(mine, local, 0)
     hits = ops.tensor_scatter_elements(_zeros_like(x), at, ops.cast(mine, x.dtype), -1, "add")
     every = gather(ops.stack(slice_normalizer(x, 1.0) + slice_normalizer(ops.where(hits > 0, _NEG_INF, x), 1.0),
@@ -117,7 +120,7 @@ def sliced_support(x, ids, values, tail, ratio, slice_info, gather, total):
     x_ids = total(ops.where(mine, ops.gather_elements(x, -1, at), 0.0))
     log_r = ops.where(valid, x_ids - lse, _NEG_INF)
     repeated = total(ops.cast(_any_over(hits > 1, -1), x.dtype)) > 0
-    bad = ops.logical_or(repeated, _any_over(ops.logical_and(valid, ids >= slice_info[1]), -1))
+    bad = ops.logical_or(repeated, _any_over(ops.logical_and(valid, ids >= slice_info[1:2]), -1))
     return _buckets(log_r, lse, lse_off, values, valid, tail, ratio) + (lse, lse_off, hits, at, mine, bad)
 
 
@@ -176,16 +179,17 @@ def student_grad(s, ids, values, temperature, ratio, beta, tail, dloss):
     return _grad(x, support(x, ids, ops.cast(values, s.dtype), tail, ratio), t_lin, beta, dloss)
 
 
-def sliced_row_stats(s, ids, values, temperature, ratio, beta, tail, slice_info, gather, total):
+def sliced_row_stats(s, ids, values, temperature, ratio, beta, tail, slice_info, gather, total, width=None):
     """``row_stats`` of the whole rows from this rank's slice s [R, V_r] (``sliced_support``)."""
     inv_t, t_sq = constant(INV_T, temperature, beta, s.dtype), constant(T_SQ, temperature, beta, s.dtype)
-    return _stats(sliced_support(s * inv_t, ids, ops.cast(values, s.dtype), tail, ratio, slice_info, gather, total),
-                  t_sq, beta)
+    return _stats(sliced_support(s * inv_t, ids, ops.cast(values, s.dtype), tail, ratio, slice_info, gather, total,
+                                 width), t_sq, beta)
 
 
-def sliced_student_grad(s, ids, values, temperature, ratio, beta, tail, dloss, slice_info, gather, total):
+def sliced_student_grad(s, ids, values, temperature, ratio, beta, tail, dloss, slice_info, gather, total,
+                        width=None):
     """``student_grad`` of the whole rows' losses for this rank's slice s [R, V_r]."""
     inv_t, t_lin = constant(INV_T, temperature, beta, s.dtype), constant(T_LIN, temperature, beta, s.dtype)
     x = s * inv_t
-    parts = sliced_support(x, ids, ops.cast(values, s.dtype), tail, ratio, slice_info, gather, total)
+    parts = sliced_support(x, ids, ops.cast(values, s.dtype), tail, ratio, slice_info, gather, total, width)
     return _grad(x, parts, t_lin, beta, dloss)

@@ -168,8 +168,9 @@ def _dim(d):
     return None if d is None or d < 0 else d
 
 
-def logits_shapes(student_shape, teacher_shape, name, names=("student_logits", "teacher_logits")):
-    """The shapes distillation accepts: the classes on the last axis, as many in both (at least one), and the
+def logits_shapes(student_shape, teacher_shape, name, names=("student_logits", "teacher_logits"), sliced=False):
+    """The shapes distillation accepts: the classes on the last axis, as many in both (at least one; ``sliced``, a
+    rank's slice of the vocabulary: none is allowed), and the
     teacher broadcasting to the student's shape (one teacher distribution may serve several student rows; a
     student row never serves several teacher rows, which would leave 'batchmean' without a meaning). Dims unknown
     at compile time are trusted."""
@@ -181,7 +182,7 @@ def logits_shapes(student_shape, teacher_shape, name, names=("student_logits", "
     if vocab_s is not None and vocab_t is not None and vocab_s != vocab_t:
         raise ValueError(f"For '{name}', '{names[0]}' and '{names[1]}' must have the same number of classes (the "
                          f"last axis), but got shapes {s_shape} and {t_shape}.")
-    if vocab_s == 0 or vocab_t == 0:
+    if (vocab_s == 0 or vocab_t == 0) and not sliced:
         raise ValueError(f"For '{name}', '{names[0]}' and '{names[1]}' must have at least one class on the last "
                          f"axis, but got shapes {s_shape} and {t_shape}.")
     out = broadcast_shapes(s_shape, t_shape, name, names)
@@ -266,8 +267,17 @@ def _known(d):
 
 
 @constexpr
-def stored_vocab(s_shape, name):
-    if -2 not in tuple(s_shape) and _known(s_shape[-1]) and s_shape[-1] == 0:
+def no_rows(shape):
+    """True when a leading dimension of ``shape`` is 0 where the graph is built (an empty batch); an unknown one is
+    not known to be."""
+    if not isinstance(shape, (tuple, list)) or -2 in tuple(shape):
+        return False
+    return any(_dim(d) == 0 for d in tuple(shape)[:-1])
+
+
+@constexpr
+def stored_vocab(s_shape, name, sliced=False):
+    if -2 not in tuple(s_shape) and _known(s_shape[-1]) and s_shape[-1] == 0 and not sliced:
         raise ValueError(f"For '{name}', 'student_logits' must have at least one class on the last axis, but got "
                          f"shape {tuple(s_shape)}.")
 

@@ -54,12 +54,18 @@ def _check_sliced(group, reduction, num_items, name):
     _validation.check_num_items(num_items, reduction, name)
 
 
+def _sliced_shapes(student_shape, teacher_shape, name, names):
+    """logits_shapes for a rank's slice of the vocabulary: a slice may be empty."""
+    return _validation.logits_shapes(student_shape, teacher_shape, name, names, sliced=True)
+
+
 def _check_args_host(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend,
                      name, weights, group, num_items):
     _check_options(temperature, reduction, beta, ignore_index, backend, name)
     _check_sliced(group, reduction, num_items, name)
+    shapes = _validation.logits_shapes if group is None else _sliced_shapes
     dtype = _validation.check_tensors(student_logits, teacher_logits, name, ("student_logits", "teacher_logits"),
-                                      min_rank=1, shapes=_validation.logits_shapes)
+                                      min_rank=1, shapes=shapes)
     s_shape, t_shape = student_logits.shape, teacher_logits.shape
     if group is not None:
         _validation.check_vocab_parallel_dtype(dtype, name)
@@ -288,10 +294,16 @@ def _distill_sliced(student_logits, teacher_logits, temperature, reduction, beta
                     dtype, variant, weights, group):
     """The loss of logits whose vocabulary is split across ``group`` (each rank its slice [..., V_r]): every rank
     gets the whole loss, and its slices' gradients."""
+    if _validation.no_rows(ops.shape(student_logits)):
+        # an empty batch on every rank: 0 and no collective (whose gradients MindSpore cannot run on no rows)
+        return ops.zeros((), dtype)
     keep = None if labels is None else labels != ignore_index
     device = _device_target_const()
     graph = compiled(student_logits)
-    dtypes, rows_op = _sliced_rows(backend, device, temperature, beta, graph, variant, group)
+    # an empty slice takes the composite kernels: a compiled custom kernel's empty inputs gave NaN
+    empty = student_logits.shape[-1] == 0
+    dtypes, rows_op = _sliced_rows("composite" if empty else backend, device, temperature, beta, graph, variant,
+                                   group)
     kernel_dtype = dtype if dtype in dtypes else ms.float32
     vocab = student_logits.shape[-1]
     # (a cast only where the dtype changes: a cast to the same dtype copies the logits)

@@ -201,6 +201,9 @@ class _ChunkLoop(nn.Cell):
         self.student, self.teacher = step.student, step.teacher  # which accumulators the carry holds
         self.chunk_size, self.chunk_bytes = chunk_size, chunk_bytes
         self.sliced = group is not None
+        if self.sliced and chunk_size is None:
+            # every rank must run the same chunks (each runs collectives): rows only, not this rank's slice width
+            self.chunk_size = CHUNK_ROWS
         if self.sliced:  # each rank's d(hidden) is its slice's part: the group sums them
             self.total, self.slice_info = sum_cell(group), SliceInfo(group, axis=0)
 
@@ -453,7 +456,8 @@ class FusedLinearDistillationLoss(nn.Cell):
             chunk's own temporaries are a small multiple of it; the gradient buffers of the weights come on top):
             the rows per chunk are as many as fit. Default: ``None``: 256 rows, fewer where their logits would
             exceed 256 MB (V > 131,072); in the CPU head kernel as many rows as fit 128 MB, at least 128, but
-            with float32 weights never over 192 MB (96 rows at V = 262,144). Give ``chunk_size`` or
+            with float32 weights never over 192 MB (96 rows at V = 262,144); with `vocab_parallel_group` 256 rows
+            (every rank must run the same chunks; ``chunk_bytes`` is refused there). Give ``chunk_size`` or
             ``chunk_bytes``, not both.
         teacher_grad (bool, optional): ``None`` (default) gives the teacher's hidden states, weight and bias
             their gradients, computed only when used (a second pass over the chunks; no work for a frozen teacher);
@@ -510,6 +514,10 @@ class FusedLinearDistillationLoss(nn.Cell):
                 raise ValueError(f"For '{_NAME}', '{arg}' must be None or a positive int, but got {value!r}.")
         if chunk_size is not None and chunk_bytes is not None:
             raise ValueError(f"For '{_NAME}', give 'chunk_size' (rows) or 'chunk_bytes' (a memory budget), not both.")
+        if vocab_parallel_group is not None and chunk_bytes is not None:
+            raise ValueError(f"For '{_NAME}', 'chunk_bytes' sizes chunks by each rank's own slice width, so uneven "
+                             f"slices would run different chunks on different ranks; with 'vocab_parallel_group' "
+                             f"give 'chunk_size' (rows; default {CHUNK_ROWS}).")
         if teacher_grad is not None and not isinstance(teacher_grad, bool):
             raise TypeError(f"For '{_NAME}', 'teacher_grad' must be None or a bool, but got {teacher_grad!r}.")
         self.temperature = float(temperature)

@@ -33,7 +33,8 @@ def _check_options(mode, temperature, teacher_temperature, beta, reduction, igno
     check_name_const(backend, name)
 
 
-def _check_args_host(student_logits, teacher_ids, teacher_values, mode, labels, name, reduction, num_items):
+def _check_args_host(student_logits, teacher_ids, teacher_values, mode, labels, name, reduction, num_items,
+                     sliced=False):
     """Types, dtypes and shapes (``_validation.on_host``: at graph compile time, nothing of it in the graph)."""
     _validation.check_num_items(num_items, reduction, name)
     if not _validation.is_tensor(student_logits):
@@ -46,7 +47,7 @@ def _check_args_host(student_logits, teacher_ids, teacher_values, mode, labels, 
     if not s_shape:
         raise ValueError(f"For '{name}', 'student_logits' must have at least 1 dimension (the classes on the last "
                          f"axis), but got a 0-d Tensor.")
-    _validation.stored_vocab(s_shape, name)
+    _validation.stored_vocab(s_shape, name, sliced)
     _validation.check_stored_teacher(teacher_ids, teacher_values, s_shape[:-1], mode, name)
     if labels is not None:
         _validation.check_labels(labels, (None,), name)
@@ -56,10 +57,11 @@ def _check_args_host(student_logits, teacher_ids, teacher_values, mode, labels, 
 _checked_args = _validation.on_host(_check_args_host)
 
 
-def _check_args(student_logits, teacher_ids, teacher_values, mode, labels, name, reduction, num_items):
+def _check_args(student_logits, teacher_ids, teacher_values, mode, labels, name, reduction, num_items, sliced=False):
+    """``sliced``: the logits are a rank's slice of the vocabulary (which may be empty)."""
     described = _validation.described
     _checked_args(described(student_logits), described(teacher_ids), described(teacher_values), mode,
-                  described(labels), name, reduction, described(num_items))
+                  described(labels), name, reduction, described(num_items), sliced)
 
 
 @choice_cache
@@ -90,6 +92,9 @@ def _sparse(student_logits, teacher_ids, teacher_values, mode, temperature, teac
         if num_items is not None:
             _validation.check_num_items_data(num_items, _NAME)
     dtype = student_logits.dtype
+    if group is not None and reduction != "none" and _validation.no_rows(ops.shape(student_logits)):
+        # an empty batch on every rank: 0 and no collective (whose gradients MindSpore cannot run on no rows)
+        return ops.zeros((), dtype)
     if group is None:
         rows_op = _rows_op(backend, _device_target_const(), dtype, mode, temperature, teacher_temperature, beta)
     else:
@@ -193,7 +198,8 @@ def sparse_distillation_loss(student_logits, teacher_ids, teacher_values, *, mod
     """
     _check_options(mode, temperature, teacher_temperature, beta, reduction, ignore_index, backend, _NAME)
     _validation.check_vocab_parallel(vocab_parallel_group, "sum", _NAME)
-    _check_args(student_logits, teacher_ids, teacher_values, mode, labels, _NAME, reduction, num_items_in_batch)
+    _check_args(student_logits, teacher_ids, teacher_values, mode, labels, _NAME, reduction, num_items_in_batch,
+                vocab_parallel_group is not None)
     return _sparse(student_logits, teacher_ids, teacher_values, mode, float(temperature), float(teacher_temperature),
                    float(beta), reduction, labels, int(ignore_index), backend, vocab_parallel_group,
                    num_items_in_batch)
@@ -230,7 +236,7 @@ class SparseDistillationLoss(nn.Cell):
 
     def construct(self, student_logits, teacher_ids, teacher_values, labels=None, num_items_in_batch=None):
         _check_args(student_logits, teacher_ids, teacher_values, self.mode, labels, "SparseDistillationLoss",
-                    self.reduction, num_items_in_batch)
+                    self.reduction, num_items_in_batch, self.vocab_parallel_group is not None)
         return _sparse(student_logits, teacher_ids, teacher_values, self.mode, self.temperature,
                        self.teacher_temperature, self.beta, self.reduction, labels, self.ignore_index, self.backend,
                        self.vocab_parallel_group, num_items_in_batch)

@@ -31,6 +31,8 @@ CASES = {
         ("composite_jsd_sum", dict(beta=0.5, backend="composite", reduction="sum", labels=True)),
         ("bf16_fwd", dict(beta=0.0, dtype="bfloat16")),
         ("padded_vocab", dict(beta=0.5, pad=True)),
+        ("empty_first_slice", dict(beta=0.5, slices="empty_first", labels=True)),
+        ("empty_batch", dict(beta=0.0, rows=0, labels=True)),
     ],
     "short": [
         ("fwd_kl", dict(beta=0.0, labels=True)),
@@ -48,14 +50,21 @@ def _modes(index):
 # stored teachers: (name, options of SparseDistillationLoss); K = 6 global ids per row, some padding
 SPARSE_CASES = {
     "full": [("sparse_tail", dict(mode="tail", temperature=2.0, teacher_temperature=1.0)),
-             ("sparse_renormalize_jsd", dict(mode="renormalize", beta=0.5, labels=True))],
+             ("sparse_renormalize_jsd", dict(mode="renormalize", beta=0.5, labels=True)),
+             ("sparse_empty_first_slice", dict(mode="tail", slices="empty_first"))],
     "short": [("sparse_tail_labels", dict(mode="tail", labels=True))],
 }
 
 
-def _slices(vocab, size):
-    bounds = [vocab * r // size for r in range(size + 1)]
-    return bounds
+def _slices(vocab, size, empty_first=False):
+    """Each rank's [lo, hi) of the vocabulary in rank order (``empty_first``: rank 0 holds none)."""
+    if empty_first:
+        return [0] + [vocab * r // (size - 1) for r in range(size)]
+    return [vocab * r // size for r in range(size + 1)]
+
+
+def _max_abs(a):
+    return float(np.abs(a).max()) if a.size else 0.0
 
 
 class _LossCell(nn.Cell):
@@ -77,7 +86,7 @@ def _inputs(rng, rows, vocab, opts, dtype):
     labels = rng.integers(0, 5, size=(rows,)).astype(np.int32)
     labels[::3] = -100
     weights = rng.uniform(0.0, 2.0, size=(rows,)).astype(np.float32)
-    weights[1] = 0.0
+    weights[1:2] = 0.0
     return s, t, labels, weights
 
 
@@ -208,7 +217,8 @@ class _SparseCell(nn.Cell):
         return self.loss(s, ids, values, labels if self.use_labels else None)
 
 
-def _sparse_records(suites, group, lo, hi, rank, dp_index, rows=6, vocab=37, k=6):
+def _sparse_records(suites, group, lo, hi, rank, dp_index, empty_first, rows=6, vocab=37, k=6):
+    """``empty_first``: this rank's (lo, hi) where rank 0 holds an empty slice (cases with slices='empty_first')."""
     records = []
     for index, (name, opts) in enumerate(case for suite in suites for case in SPARSE_CASES.get(suite, [])):
         rng = np.random.default_rng(300 + 17 * dp_index + len(name))
@@ -221,9 +231,12 @@ def _sparse_records(suites, group, lo, hi, rank, dp_index, rows=6, vocab=37, k=6
         labels[::3] = -100
         use_labels = opts.pop("labels", False) if "labels" in opts else False
         args = (ms.Tensor(ids), ms.Tensor(values), ms.Tensor(labels))
+        part = empty_first if opts.get("slices") == "empty_first" else (lo, hi)
+        options = {key: value for key, value in opts.items() if key != "slices"}
 
         def value_and_grad(group_name, logits, mode):
-            cell = _SparseCell(ms_kldiv.SparseDistillationLoss(vocab_parallel_group=group_name, **opts), use_labels)
+            cell = _SparseCell(ms_kldiv.SparseDistillationLoss(vocab_parallel_group=group_name, **options),
+                               use_labels)
             if mode == "cell":
                 ms.set_context(mode=ms.GRAPH_MODE)
             try:
@@ -237,10 +250,10 @@ def _sparse_records(suites, group, lo, hi, rank, dp_index, rows=6, vocab=37, k=6
 
         ref_v, ref_g = value_and_grad(None, s, "pynative")
         for mode in _modes(index):
-            v, g = value_and_grad(group, np.ascontiguousarray(s[:, lo:hi]), mode)
+            v, g = value_and_grad(group, np.ascontiguousarray(s[:, part[0]:part[1]]), mode)
             records.append({"case": name, "mode": mode, "num_items": False, "rank": rank, "dtype": "Float32",
                             "value": v, "reference": ref_v, "value_rel": abs(v - ref_v) / max(abs(ref_v), 1e-30),
-                            "grad_rel": float(np.abs(g - ref_g[:, lo:hi]).max() / max(np.abs(ref_g).max(), 1e-30)),
+                            "grad_rel": _max_abs(g - ref_g[:, part[0]:part[1]]) / max(_max_abs(ref_g), 1e-30),
                             "finite": bool(np.isfinite(v) and np.all(np.isfinite(g)))})
     return records
 
@@ -276,16 +289,23 @@ def _layout_records(args, rank, world, tp):
         create_group(group, list(range(dp_index * tp, (dp_index + 1) * tp)))
     bounds = _slices(args.vocab, tp)
     lo, hi = bounds[tp_index], bounds[tp_index + 1]
+    try:  # chunks sized by each rank's own slice width would differ across uneven slices: refused
+        ms_kldiv.FusedLinearDistillationLoss(vocab_parallel_group=group, chunk_bytes=1 << 20)
+        raise AssertionError("chunk_bytes with a vocabulary-parallel group was not refused")
+    except ValueError as err:
+        assert "'chunk_bytes'" in str(err), err
     records = []
     suites = args.cases.split(",")
     if "head" in suites:
         bounds = _slices(37, tp)
         records = _head_records(group, bounds[tp_index], bounds[tp_index + 1], rank)
-    records += _sparse_records(suites, group, lo, hi, rank, dp_index, vocab=args.vocab)
+    records += _sparse_records(suites, group, lo, hi, rank, dp_index,
+                               _slices(args.vocab, tp, True)[tp_index:tp_index + 2], vocab=args.vocab)
     for index, (name, opts) in enumerate(case for suite in suites for case in CASES.get(suite, [])):
         rng = np.random.default_rng(1000 + 17 * dp_index + len(name))
         dtype = getattr(ms, opts.get("dtype", "float32"))
-        s, t, labels, weights = _inputs(rng, args.rows, args.vocab, opts, dtype)
+        s, t, labels, weights = _inputs(rng, opts.get("rows", args.rows), args.vocab, opts, dtype)
+        lo, hi = _slices(args.vocab, tp, opts.get("slices") == "empty_first")[tp_index:tp_index + 2]
         if dp_index == 1 and opts.get("labels"):
             labels[:] = -100  # a data-parallel rank whose rows are all ignored
         num_items = opts.get("reduction", "batchmean") != "sum"
@@ -301,13 +321,12 @@ def _layout_records(args, rank, world, tp):
             # the sliced loss, and (batchmean / tokenmean) the same with the count passed as num_items_in_batch
             for with_count in ((False, True) if num_items and mode == "pynative" else (False,)):
                 v, gs, gt = _value_and_grads(_make_loss(opts, group, with_count), mode, *part, lab, wts, n_t)
-                scale = max(np.abs(ref_gs).max(), np.abs(ref_gt).max(), 1e-30)
+                scale = max(_max_abs(ref_gs), _max_abs(ref_gt), 1e-30)
                 records.append({
                     "case": name, "mode": mode, "num_items": with_count, "rank": rank, "dtype": str(dtype),
                     "value": v, "reference": ref_v,
                     "value_rel": abs(v - ref_v) / max(abs(ref_v), 1e-30),
-                    "grad_rel": float(max(np.abs(gs - ref_gs[:, lo:hi]).max(), np.abs(gt - ref_gt[:, lo:hi]).max())
-                                      / scale),
+                    "grad_rel": max(_max_abs(gs - ref_gs[:, lo:hi]), _max_abs(gt - ref_gt[:, lo:hi])) / scale,
                     "finite": bool(np.isfinite(v) and np.all(np.isfinite(gs)) and np.all(np.isfinite(gt))),
                 })
     return records

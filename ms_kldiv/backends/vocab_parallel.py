@@ -69,7 +69,9 @@ class _Gather(nn.Cell):
 
     def construct(self, x):
         if self.direct:
-            return ops.reshape(self.gather(x), (self.size, -1, x.shape[-1]))
+            # AllGather refuses an empty x (an empty batch): one zero row travels with it and is dropped
+            padded = ops.concat((x, ops.zeros((1, x.shape[-1]), x.dtype)), 0)
+            return ops.reshape(self.gather(padded), (self.size, -1, x.shape[-1]))[:, :-1]
         # one-writer slots: adding zeros is exact, and -inf / NaN in a slot stay what they are
         return self.sum(ops.where(self.slot, ops.expand_dims(x, 0), 0.0))
 
@@ -100,7 +102,9 @@ class SliceInfo(nn.Cell):
         self.below = ms.Tensor([[[r < group.index]] for r in range(group.size)], ms.bool_)
 
     def construct(self, x):
-        sizes = self.gather(ops.reshape(ops.cast(ops.dyn_shape(x)[self.axis], ms.float32), (1, 1)))
+        # a slice of the shape, not an integer index (as in ms_kldiv._sparse_math.sliced_support)
+        width = ops.dyn_shape(x)[self.axis:] if self.axis == -1 else ops.dyn_shape(x)[self.axis:self.axis + 1]
+        sizes = self.gather(ops.reshape(ops.cast(width, ms.float32), (1, 1)))
         return ops.cast(ops.stack((ops.sum(ops.where(self.below, sizes, 0.0)), ops.sum(sizes))), ms.int32)
 
 
@@ -178,17 +182,26 @@ class _SparseSliceForward(nn.Cell):
         self.info = SliceInfo(group)
         self.gather, self.total = _InFloat32(gather_cell(group)), _InFloat32(sum_cell(group))
 
+    def operand(self, s, ids):
+        """s in the math's dtype, and the slice's width where s is empty (None otherwise): an empty slice takes one
+        -inf column (no mass, no id), as the gathers and scatters over the classes need one (shaped after the ids'
+        first column: the row count may be known at run time only)."""
+        x = ops.cast(s, self.acc_dtype)
+        if s.shape[-1] != 0:
+            return x, None
+        return ops.cast(ops.zeros_like(ids[..., :1]), self.acc_dtype) + float("-inf"), 0
+
     def construct(self, s, ids, values):
-        stats = sliced_row_stats(ops.cast(s, self.acc_dtype), ids, values, *self.args, self.info(s), self.gather,
-                                 self.total)
+        x, width = self.operand(s, ids)
+        stats = sliced_row_stats(x, ids, values, *self.args, self.info(s), self.gather, self.total, width)
         return ops.cast(stats, ms.float32)
 
 
 class _SparseSliceBackward(_SparseSliceForward):
     def construct(self, s, ids, values, stats, dloss):
-        d = sliced_student_grad(ops.cast(s, self.acc_dtype), ids, values, *self.args, dloss, self.info(s),
-                                self.gather, self.total)
-        return ops.cast(d, s.dtype)
+        x, width = self.operand(s, ids)
+        d = sliced_student_grad(x, ids, values, *self.args, dloss, self.info(s), self.gather, self.total, width)
+        return ops.cast(d if width is None else ops.zeros_like(s), s.dtype)
 
 
 class SlicedSparseKernels:
