@@ -513,15 +513,15 @@ def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction
         num_items_in_batch (Union[int, float, Tensor], optional): With 'batchmean' or 'tokenmean': divide the sum
             of the counted rows' (weighted) divergences by this instead of the local count, e.g. the counted tokens
             of the whole global batch across data-parallel ranks and gradient-accumulation steps, so that the
-            micro-batches' losses add up to the batch's. A Tensor count of 0 (no token counted anywhere) gives
+            micro-batches' losses add up to the batch's. A count of 0 (no token counted anywhere) gives
             0. Default: ``None``.
         backend (str, optional): ``'auto'`` or a name from :func:`ms_kldiv.backend_names`, checked before anything
             runs. ``'auto'`` / ``'aot'`` use the fused distillation kernels where they run (CPU, GPU, Ascend with its
             operators installed) for one shape of float32/half logits and a reducing `reduction`; otherwise, and on
             ``'composite'``, two log-softmaxes and the divergence's pointwise terms. Backends that implement kl_div
             only (``'akg'``, ``'native'``; ``ms_kldiv.backend_info(op='distillation')``) raise RuntimeError, from
-            the Cell's constructor for :class:`DistillationLoss`. On CPU and GPU that composition computes float32 logits in float64 (MindSpore's float32 ``exp`` / ``log`` are
-            several ulp off; the result is within float32 rounding of the exact loss); on Ascend it computes in
+            the Cell's constructor for :class:`DistillationLoss`. On CPU and GPU that composition computes float32
+            logits in float64 (MindSpore's float32 ``exp`` / ``log`` are several ulp off; the result is within float32 rounding of the exact loss); on Ascend it computes in
             float32 (about 1e-5 relative). Default: ``'auto'``.
 
     Returns:
