@@ -200,6 +200,7 @@ class _SparseSliceForward(nn.Cell):
 class _SparseSliceBackward(_SparseSliceForward):
     def construct(self, s, ids, values, stats, dloss):
         x, width = self.operand(s, ids)
+        # computed for an empty slice too: its collectives pair with the other ranks'; its value is then unused
         d = sliced_student_grad(x, ids, values, *self.args, dloss, self.info(s), self.gather, self.total, width)
         return ops.cast(d if width is None else ops.zeros_like(s), s.dtype)
 
