@@ -259,7 +259,8 @@ _max_over = ops.ReduceMax()  # the primitive (ops.amax fails inside a bprop in g
 def slice_normalizer(z, inv_t):
     """(base, log Z) of each row of a slice (float32 [R] each); a slice without mass gives (0, -inf)."""
     if z.shape[-1] == 0:  # no classes (MindSpore's CPU reductions of an empty axis return uninitialized memory)
-        zero = ops.zeros(z.shape[:-1], z.dtype)
+        # (after z: a constant would let a collective it feeds run before those that z's computation waits for)
+        zero = ops.depend(ops.zeros(z.shape[:-1], z.dtype), z)
         return zero, zero + _NEG_INF
     base = _row_max(z)
     base = ops.where(base == _NEG_INF, 0.0, base)
@@ -314,7 +315,8 @@ def slice_log_probs(z, stats, base_col, log_z_col, temperature, variant=KL):
 def slice_sums(student, teacher, stats, temperature, beta, variant=KL):
     """(T^2 sum of the terms, sum(a), sum(b)) [R] over a slice's classes, with the whole row's normalizers."""
     if student.shape[-1] == 0:  # no classes: nothing to add (and no empty reduction, see slice_normalizer)
-        zero = ops.zeros(student.shape[:-1], student.dtype)
+        # (after the normalizers' gather: with no data path, the empty rank's next collective could run before it)
+        zero = ops.depend(ops.zeros(student.shape[:-1], student.dtype), stats)
         return zero, zero, zero
     log_ps = slice_log_probs(student, stats, BASE_S, LOG_Z_S, temperature, variant)
     log_pt = slice_log_probs(teacher, stats, BASE_T, LOG_Z_T, temperature, variant)
@@ -385,11 +387,18 @@ def sliced_cross_entropy_and_grad(logits, labels, keep, weights, z_loss, label_s
     ``vocab_start`` .. ``vocab_start + V_r`` of ``vocab``, 0-d int32 tensors): ``gather`` (x [C, k] -> every
     rank's [ranks, C, k]) merges the slices' normalizers exactly, ``total`` (a SUM over the ranks) adds the label's
     log-probability and the label-smoothing sums; the gradient is this slice's."""
+    width = logits.shape[-1]
+    if width == 0:
+        # An empty slice computes on one -inf column (no mass, never a label): no reduction over an empty axis, and
+        # the same collectives as the other ranks', after the same ones (depend: a constant would not wait for them).
+        logits = ops.depend(ops.cast(ops.zeros_like(ops.expand_dims(labels, 1)), logits.dtype) + _NEG_INF, logits)
     lse = ranks_logsumexp(gather(ops.stack(slice_normalizer(logits, 1.0), -1)), 0)
     log_p = logits - ops.expand_dims(lse, 1)
     local = ops.expand_dims(labels - vocab_start, 1)
     keep2 = ops.expand_dims(keep, 1)
     hit = ops.logical_and(keep2, ops.arange(logits.shape[-1], dtype=labels.dtype) == local)
+    if width == 0:
+        hit = ops.logical_and(hit, local < 0)  # never: the stand-in column is no label's (0 == local is not < 0)
     finite = log_p > _NEG_INF
     sums = total(ops.stack([ops.sum(ops.where(hit, log_p, 0.0), -1), ops.sum(ops.cast(finite, logits.dtype), -1),
                             ops.sum(ops.where(finite, log_p, 0.0), -1)], -1))
@@ -410,4 +419,5 @@ def sliced_cross_entropy_and_grad(logits, labels, keep, weights, z_loss, label_s
         grad = grad + 2.0 * z * ops.expand_dims(lse, 1) * p
     loss = ops.sum(ops.where(outside, float("nan"), 0.0)) + ops.sum(ops.where(keep, row_loss * w, 0.0))
     grad = ops.where(keep2, grad * ops.expand_dims(w, 1), 0.0)
-    return loss, ops.where(ops.expand_dims(outside, 1), float("nan"), grad)
+    grad = ops.where(ops.expand_dims(outside, 1), float("nan"), grad)
+    return loss, (grad[:, :0] if width == 0 else grad)

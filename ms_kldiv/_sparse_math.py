@@ -117,9 +117,11 @@ def sliced_support(x, ids, values, tail, ratio, slice_info, gather, total, width
     every = gather(ops.stack(slice_normalizer(x, 1.0) + slice_normalizer(ops.where(hits > 0, _NEG_INF, x), 1.0),
                              -1))
     lse, lse_off = ops.expand_dims(ranks_logsumexp(every, 0), -1), ops.expand_dims(ranks_logsumexp(every, 2), -1)
-    x_ids = total(ops.where(mine, ops.gather_elements(x, -1, at), 0.0))
+    # each collective after the one before (depend): with no data path between them, a rank's runtime may start
+    # them in another order than the other ranks' (it did for an empty slice's constant operands)
+    x_ids = total(ops.depend(ops.where(mine, ops.gather_elements(x, -1, at), 0.0), every))
     log_r = ops.where(valid, x_ids - lse, _NEG_INF)
-    repeated = total(ops.cast(_any_over(hits > 1, -1), x.dtype)) > 0
+    repeated = total(ops.depend(ops.cast(_any_over(hits > 1, -1), x.dtype), x_ids)) > 0
     bad = ops.logical_or(repeated, _any_over(ops.logical_and(valid, ids >= slice_info[1:2]), -1))
     return _buckets(log_r, lse, lse_off, values, valid, tail, ratio) + (lse, lse_off, hits, at, mine, bad)
 

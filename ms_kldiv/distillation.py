@@ -300,10 +300,7 @@ def _distill_sliced(student_logits, teacher_logits, temperature, reduction, beta
     keep = None if labels is None else labels != ignore_index
     device = _device_target_const()
     graph = compiled(student_logits)
-    # an empty slice takes the composite kernels: a compiled custom kernel's empty inputs gave NaN
-    empty = student_logits.shape[-1] == 0
-    dtypes, rows_op = _sliced_rows("composite" if empty else backend, device, temperature, beta, graph, variant,
-                                   group)
+    dtypes, rows_op = _sliced_rows(backend, device, temperature, beta, graph, variant, group)
     kernel_dtype = dtype if dtype in dtypes else ms.float32
     vocab = student_logits.shape[-1]
     # (a cast only where the dtype changes: a cast to the same dtype copies the logits)

@@ -112,6 +112,10 @@ class _ChunkStep(nn.Cell):
         # Rows not counted are zeroed before the matmuls: their NaN or inf must not reach any gradient (0 * NaN).
         hs_c = ops.where(rows_kept, ops.gather(hs, idx, 0), 0.0)
         s_c = _plus_bias(_matmul_t(hs_c, ws), bs)
+        if self.sliced:
+            # the chunk's collectives after the slice sizes' gather on every rank: an empty slice's sizes are
+            # constants, and its graph has no data path that would keep that gather first
+            s_c = ops.depend(s_c, vocab)
         if self.stored:  # the teacher: ids [N, K] (padding for rows not counted) and values [N, K]
             ht_c = ops.where(rows_kept, ops.gather(ht, idx, 0), -1)
             teacher_c = (ht_c, ops.gather(wt, idx, 0))
@@ -128,6 +132,8 @@ class _ChunkStep(nn.Cell):
             if self.hard_weight != 0:
                 z = transformed(s_c, self.variant, self.wide) if self.transformed else s_c
                 if self.sliced:  # vocab: (this slice's first column, the whole vocabulary)
+                    # its collectives after the soft term's on every rank (an empty slice has no data path between)
+                    z = ops.depend(z, stats)
                     hard, dce = sliced_cross_entropy_and_grad(z, ops.where(keep, label, 0), keep, g, self.z_loss,
                                                               self.label_smoothing, vocab[0], vocab[1], self.gather,
                                                               self.total)
@@ -225,8 +231,10 @@ class _ChunkLoop(nn.Cell):
         if not self.sliced:
             return out
         loss, dhs, dws, dbs, dht, dwt, dbt = out
-        return (loss, self.total(dhs) if self.student else dhs, dws, dbs, self.total(dht) if self.teacher else dht,
-                dwt, dbt)
+        dhs = self.total(dhs) if self.student else dhs
+        # (after the student's: two collectives with no data path between them could start in either order)
+        dht = self.total(ops.depend(dht, dhs)) if self.teacher else dht
+        return loss, dhs, dws, dbs, dht, dwt, dbt
 
     def _vocab(self, ws):
         """int32 [2]: this rank's first vocabulary column and the whole vocabulary (``SliceInfo``)."""

@@ -177,7 +177,7 @@ def test_sharded_equals_one_process(tmp_path, workers, tps, cases):
     assert {r["mode"] for r in records if r["case"] in heads} == ({"pynative", "cell"} if heads else set())
     for tp in map(int, tps.split(",")):
         cases_run = {r["case"] for r in records if r["tp"] == tp}
-        assert len(cases_run) == sum({"full": 16, "short": 4, "head": 3}[c] for c in cases.split(",")), (tp, cases_run)
+        assert len(cases_run) == sum({"full": 16, "short": 4, "head": 4}[c] for c in cases.split(",")), (tp, cases_run)
         if tp < workers:  # the second data-parallel group's labelled rows are all ignored: loss 0
             ignored = [r for r in records if r["tp"] == tp and r["rank"] >= tp and r["case"] == "fwd_kl"]
             assert ignored and all(r["value"] == 0.0 == r["reference"] for r in ignored)

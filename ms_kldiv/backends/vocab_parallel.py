@@ -23,6 +23,7 @@ from mindspore import nn, ops
 
 from .._distill_math import BASE_S, BASE_T, KL, LOG_Z_S, LOG_Z_T, SUM_A, SUM_B, merged_log_z
 from .._sparse_math import sliced_row_stats, sliced_student_grad
+from .composite import CompositeDistillKernels
 
 #: Bytes a rank sends per row and per collective: the gathered normalizers (float32 x 4) and the summed sums.
 GATHER_BYTES_PER_ROW, SUM_BYTES_PER_ROW = 16, 12
@@ -137,9 +138,34 @@ class _SliceForward(nn.Cell):
         return ops.concat((loss, log_z_s, log_z_t, sum_a, sum_b, base_s, base_t, zero), -1)
 
 
+class _ByWidth(nn.Cell):
+    """A forward Cell of the backend's kernels on a slice with classes, the composite kernels' on a slice without:
+    compiled custom kernels gave NaN stats for empty inputs (and their backward's empty gradients a NaN loss
+    elsewhere in the graph). Chosen at compile time: a slice's width is static."""
+
+    def __init__(self, kernel, composite):
+        super().__init__()
+        self.kernel, self.composite = kernel, composite
+
+    def construct(self, s, t):
+        if s.shape[-1] == 0:
+            return self.composite(s, t)
+        return self.kernel(s, t)
+
+
+class _GradByWidth(_ByWidth):
+    """``_ByWidth`` for a backward Cell."""
+
+    def construct(self, s, t, stats, dloss):
+        if s.shape[-1] == 0:
+            return self.composite(s, t, stats, dloss)
+        return self.kernel(s, t, stats, dloss)
+
+
 class VocabParallelKernels:
     """The distillation kernel contract (``ms_kldiv.backends.base``) of ``kernels`` over vocabulary slices spread
-    across ``group`` (a ``VocabGroup``). First order only: the gradient of its backward is NaN (``second_order``)."""
+    across ``group`` (a ``VocabGroup``); an empty slice (a rank with no classes) takes the composite kernels. First
+    order only: the gradient of its backward is NaN (``second_order``)."""
 
     second_order = False
 
@@ -147,19 +173,29 @@ class VocabParallelKernels:
         self.kernels = kernels
         self.group = group
         self.dtypes = kernels.dtypes
+        composite = isinstance(kernels, CompositeDistillKernels)
+        self.empty = None if composite else CompositeDistillKernels(ms.get_context("device_target"))
 
     def unsupported(self, variant):
         return self.kernels.unsupported(variant)
 
     def forward(self, temperature, beta, variant=KL):
         """Cell (s, t) [R, V_r] (2-D: the callers flatten) -> the whole rows' stats [R, STATS]."""
-        return _SliceForward(self.kernels, self.group, temperature, beta, variant)
+        forward = _SliceForward(self.kernels, self.group, temperature, beta, variant)
+        if self.empty is None:
+            return forward
+        return _ByWidth(forward, _SliceForward(self.empty, self.group, temperature, beta, variant))
 
     def backward(self, temperature, beta, teacher_grad, variant=KL):
-        return self.kernels.backward_given(temperature, beta, teacher_grad, variant)
+        return self._by_width(lambda k: k.backward_given(temperature, beta, teacher_grad, variant))
 
     def backward_teacher(self, temperature, beta, variant=KL):
-        return self.kernels.backward_teacher_given(temperature, beta, variant)
+        return self._by_width(lambda k: k.backward_teacher_given(temperature, beta, variant))
+
+    def _by_width(self, make):
+        """A backward Cell of these kernels, with the composite one for an empty slice (``_ByWidth``)."""
+        kernel = make(self.kernels)
+        return kernel if self.empty is None else _GradByWidth(kernel, make(self.empty))
 
 
 # ------------------------------------------------------------------------------------------- stored teachers
