@@ -297,6 +297,15 @@ def _carried(v):
 
 # Graph code below spells out each tensor rather than use a comprehension: graph mode parses a comprehension into an
 # iterator loop of helper graphs, each compiled (docs/mindspore-notes.md).
+def _snapshot(x):
+    """A copy of a weight or bias (a 0-d stand-in for none stays as it is)."""
+    if x.ndim == 0:
+        return x
+    if x.dtype == ms.bfloat16:  # (MindSpore's CPU Identity has no bfloat16: a float32 round trip, exact)
+        return ops.cast(ops.cast(x, ms.float32), ms.bfloat16)
+    return ops.deepcopy(x)
+
+
 def _cut(*tensors):
     return tuple(map(ops.stop_gradient, tensors))
 
@@ -359,12 +368,21 @@ class _FusedCore(nn.Cell):
         inputs = _cut(hs, ws, bs, ht, wt, bt, labels, weights, count)
         loop = self.student_loop if compiled(hs) else self.student_loop_pynative
         hs_, ws_, bs_, ht_, wt_, bt_, labels, weights, count = inputs
+        snap_ws, snap_bs = ws_, bs_
+        if self.teacher_grad and compiled(hs):
+            # The teacher's pass runs in the backward and reads the student's weight and bias; an optimizer in the
+            # same graph may update them first (it waits only for the student's gradients, from this pass): that
+            # pass reads a copy made before this one. (A frozen teacher still pays the copy: teacher_grad=False
+            # skips it. PyNative runs the optimizer after the backward.)
+            snap_ws, snap_bs = _snapshot(ws_), _snapshot(bs_)
+            inputs = (hs_, ops.depend(ws_, snap_ws), ops.depend(bs_, snap_bs)) + inputs[3:]
         loss = self.with_gradients(hs, ws, bs, ht_, wt_, bt_, *_cut(*loop(*inputs)[:4]))
         if not self.teacher_grad:
             return loss
         # the teacher's pass after the student's: else the optimizer may update the teacher from its gradients
         # before the student's pass has read the teacher's weights
-        return loss + self.teacher_gradients(ops.depend(hs_, loss), ws_, bs_, ht, wt, bt, labels, weights, count)
+        return loss + self.teacher_gradients(ops.depend(hs_, loss), snap_ws, snap_bs, ht, wt, bt, labels, weights,
+                                             count)
 
 
 class _TeacherGradients(nn.Cell):
@@ -468,8 +486,10 @@ class FusedLinearDistillationLoss(nn.Cell):
             (every rank must run the same chunks; ``chunk_bytes`` is refused there). Give ``chunk_size`` or
             ``chunk_bytes``, not both.
         teacher_grad (bool, optional): ``None`` (default) gives the teacher's hidden states, weight and bias
-            their gradients, computed only when used (a second pass over the chunks; no work for a frozen teacher);
-            ``False`` declares the teacher frozen (its gradients are zeros, no work).
+            their gradients, computed only when used (a second pass over the chunks, in the backward; a frozen
+            teacher's costs no pass, but in compiled code one copy of the student's weight and bias, which that pass
+            reads: an optimizer in the same graph may update the weights before it runs); ``False`` declares the
+            teacher frozen (its gradients are zeros, no work).
         backend (str, optional): Which distillation kernels compute a chunk's loss and d(logits), chosen as for
             every op (``ms_kldiv.backend_info(op='distillation')``): ``'aot'`` (the fused kernels: C++ on CPU, CUDA
             on GPU, AscendC on Ascend; no chunk x V temporaries besides the logits and their gradient),

@@ -183,6 +183,61 @@ def test_graph_train_step_with_trainable_teacher(backend, head_impl):
             np.testing.assert_allclose(grad, ref, rtol=1e-3, atol=1e-4 * np.abs(ref).max(), err_msg=f"{name} {lr}")
 
 
+@pytest.mark.parametrize("mode,dtype", [("graph", ms.float32), ("jit", ms.float32), ("graph", ms.float16)],
+                         ids=["graph", "jit", "graph-float16"])
+def test_trainable_teacher_sees_the_student_weights_of_the_forward(mode, dtype, head_impl):
+    """A student body and nn.Dense head, a trainable teacher head, SGD in one compiled step (a GRAPH_MODE
+    TrainOneStepCell, or value_and_grad and the optimizer under ms.jit): the teacher's gradients, computed in the
+    backward, used the student's head weight after the optimizer had updated it (teacher update 1e-2 off; the
+    student's was right). Both updates against the float64 composition on the forward's weights."""
+    c = case(seed=33, rows=12, labels_ignored=(2,))
+    rng = np.random.default_rng(34)
+    x, body = rng.normal(size=(12, H_S)), rng.normal(size=(H_S, H_S)) * 0.5
+    c["hs"] = np.tanh(x @ body.T)
+    if dtype != ms.float32:  # the heads' parameters as float16 holds them
+        for name in ("ws", "bs", "wt", "bt"):
+            c[name] = c[name].astype(np.float16).astype(np.float64)
+    args, lr = (2.0, 0.0, 0.0, 1.0), 0.5
+    expected = reference_grads(c, *args)
+
+    class Mutual(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Dense(H_S, H_S, weight_init=ms.Tensor(body, ms.float32), has_bias=False)
+            self.head = nn.Dense(H_S, V, weight_init=ms.Tensor(c["ws"], dtype), bias_init=ms.Tensor(c["bs"], dtype),
+                                 dtype=dtype)
+            self.wt = ms.Parameter(ms.Tensor(c["wt"], dtype), name="wt")
+            self.bt = ms.Parameter(ms.Tensor(c["bt"], dtype), name="bt")
+            self.kd = FusedLinearDistillationLoss(2.0, chunk_size=5)
+
+        def construct(self, x, ht, labels):
+            return self.kd(ops.tanh(self.body(x)), self.head.weight, ht, self.wt, labels, self.head.bias, self.bt)
+
+    net = Mutual()
+    params = net.trainable_params()
+    inputs = (ms.Tensor(x, ms.float32), ms.Tensor(c["ht"], dtype), ms.Tensor(c["labels"], ms.int32))
+    if mode == "graph":
+        with graph_mode():
+            nn.TrainOneStepCell(net, nn.SGD(params, learning_rate=lr))(*inputs)
+    else:
+        grad_fn, optimizer = ms.value_and_grad(net, None, params), nn.SGD(params, learning_rate=lr)
+
+        @ms.jit
+        def step(*args):
+            loss, grads = grad_fn(*args)
+            optimizer(grads)
+            return loss
+
+        step(*inputs)
+    for p, name in ((net.head.weight, "ws"), (net.head.bias, "bs"), (net.wt, "wt"), (net.bt, "bt")):
+        grad = (c[name] - p.astype(ms.float32).asnumpy()) / lr
+        ref = expected[name]
+        if dtype != ms.float32:  # the weights and their update in float16 (2^-11 relative)
+            np.testing.assert_allclose(grad, ref, atol=2 * 2.0 ** -11 * np.abs(c[name]).max() / lr, err_msg=name)
+        else:
+            np.testing.assert_allclose(grad, ref, rtol=1e-3, atol=1e-4 * np.abs(ref).max(), err_msg=name)
+
+
 def _analytic_head(hs, ws, bs, ht, wt, bt, labels, temperature, hard_weight):
     """Forward KL at ``temperature`` plus ``hard_weight`` x cross-entropy, 'tokenmean' over the counted rows, in
     float64 with its gradients in closed form: d(soft)/d(s) = T (softmax(s/T) - softmax(t/T)), d(ce)/d(s) =
