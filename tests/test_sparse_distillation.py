@@ -141,6 +141,32 @@ def test_values_and_gradients(backend, exec_mode, mode, beta):
     assert np.all(to_numpy(res["sum"][1])[0, 1] == 0.0)
 
 
+@pytest.mark.parametrize("exec_mode", EXEC_MODES)
+@pytest.mark.parametrize("backend", SPARSE_BACKENDS)
+@pytest.mark.parametrize("temperature,gap", [(1.0, 110.0), (0.5, 55.0), (1.0, 60.0), (1.0, 40.0)],
+                         ids=["T1-gap110", "T0.5-gap55", "T1-gap60", "T1-gap40"])
+def test_confident_student_keeps_the_teacher_tail(backend, exec_mode, temperature, gap):
+    """A student whose classes off the ids lie ``gap`` below them: their exponentials relative to the row's
+    maximum underflow float32 (flushed to zero in compiled code from gap / T ~ 87), and the CPU and AscendC kernels
+    read the tail as none, dropping the teacher's tail mass (loss and gradient 0 where the definition gives ~gap / 2).
+    Rows of V = 37 and 300 (the vector loops' masked tails), ids with padding, every reduction, both ways of JSD."""
+    rng = np.random.default_rng(17)
+    for vocab, beta in ((37, 0.0), (300, 0.5)):
+        rows, k = 3, 5
+        s = np.full((rows, vocab), -gap) + rng.uniform(-3.0, 0.0, size=(rows, vocab))
+        ids = np.stack([rng.permutation(vocab)[:k] for _ in range(rows)]).astype(np.int32)
+        ids[1, -1] = -1  # padding
+        np.put_along_axis(s, np.maximum(ids, 0), rng.uniform(-1.0, 1.0, size=(rows, k)), -1)
+        # the teacher keeps 0.6 of its mass on the ids, 0.4 in its tail
+        values = np.log(0.6 * rng.dirichlet(np.ones(k), rows)).astype(np.float32).astype(np.float64)
+        values[ids < 0] = 0.0
+        labels, w_none = np.array([1, 2, 3]), rng.uniform(0.5, 1.5, size=(rows,))
+        res = run_all(exec_mode, backend, s, ids, values, labels, w_none, "tail", temperature, 1.0, beta,
+                      key=("confident", vocab))
+        what = f"{backend} {exec_mode} V={vocab}"
+        check(res, s, ids, values, labels, w_none, "tail", temperature, 1.0, beta, ms.float32, what)
+
+
 @pytest.mark.parametrize("dtype", [ms.float16, ms.bfloat16, ms.float64], ids=["f16", "bf16", "f64"])
 @pytest.mark.parametrize("exec_mode", ("pynative", "graph"))
 @pytest.mark.parametrize("backend", SPARSE_BACKENDS)
