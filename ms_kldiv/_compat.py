@@ -76,3 +76,85 @@ MS_VERSION = parse_version(installed_version() or "") or (0, 0, 0)
 #: shape (2.8.0-2.10.0 do; 2.7.2 raises "grad tensor should be broadcast to expected shape"). Where it does, the
 #: fused head's bprops return one instead of a zeros tensor of a weight's size (ms_kldiv/fused_linear.py).
 BPROP_TAKES_0D_GRADIENTS = MS_VERSION >= (2, 8)
+
+#: Cell flags by which mixed precision (``ms.amp.auto_mixed_precision``, ``Cell.to_float``) marks cells.
+_MIXED_PRECISION_FLAGS = frozenset(("fp16", "fp32", "bf16"))
+
+
+def without_mixed_precision(cell):
+    """``cell``, marked to run without mixed precision's casts even inside a cell that has them (MindSpore's own
+    mark for "not set"): in PyNative a flagged cell casts every float operand of every op it runs, the kernels'
+    float64 hyper-parameters and float32 saved statistics included, which the kernels then refused ("DistillFwd is
+    1"). The logits keep the dtype they arrive in."""
+    from mindspore._c_expression import Cell_, MixedPrecisionType  # pylint: disable=import-outside-toplevel
+    # (private API, in 2.7-2.10: what Cell.to_float sets, with the value that means none)
+    cell.mixed_precision_type = MixedPrecisionType.NOTSET
+    Cell_.set_mixed_precision_type(cell, MixedPrecisionType.NOTSET)
+    return cell
+
+
+def amp_flags_dropped(flags):
+    """``flags`` without mixed precision's (``_MIXED_PRECISION_FLAGS``)."""
+    return {key: value for key, value in flags.items() if key not in _MIXED_PRECISION_FLAGS}
+
+
+def _unchanged_to_float(cell):
+    """A ``to_float`` that leaves ``cell`` as it is (``sealed_from_mixed_precision``)."""
+    def to_float(dst_type):  # pylint: disable=unused-argument
+        return cell
+    return to_float
+
+
+def sealed_from_mixed_precision(cell):
+    """``cell`` and every cell inside it with ``to_float`` made a no-op: ``ms.amp.auto_mixed_precision`` ('O2',
+    'O3') calls ``to_float`` on every cell of a network, not only on its root, which flagged the fused head's inner
+    cells (whose kernels then refused the float16 casts). They run under what the loss Cell sets (none: each cell
+    marked ``without_mixed_precision`` costs PyNative a slower call path)."""
+    for _, inner in cell.cells_and_names():
+        object.__setattr__(inner, "to_float", _unchanged_to_float(inner))
+    return cell
+
+
+class FullPrecisionCell:
+    """A mixin (before ``nn.Cell``) for the package's loss Cells, which mixed precision leaves alone (as MindSpore's
+    own amp keeps losses in float32): ``ms.amp`` and ``to_float`` flag every cell of a network, and in a flagged
+    cell every float operand of every op is cast, the kernels' float64 hyper-parameters and float32 saved
+    statistics included, which the kernels refused ("DistillFwd is 1"). The logits keep the dtype they arrive in;
+    the cells inside are sealed as they are attached."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        without_mixed_precision(self)
+        sealed_from_mixed_precision(self)
+        _opaque_to_rewrite(type(self))
+
+    def __setattr__(self, name, value):
+        if isinstance(value, _ms_cell()):
+            sealed_from_mixed_precision(value)
+        super().__setattr__(name, value)
+
+    def to_float(self, dst_type):  # pylint: disable=unused-argument
+        return self
+
+    def add_flags(self, **flags):
+        return super().add_flags(**amp_flags_dropped(flags))
+
+    def add_flags_recursive(self, **flags):
+        return super().add_flags_recursive(**amp_flags_dropped(flags))
+
+
+def _opaque_to_rewrite(cls):
+    """Makes ``mindspore.rewrite`` (which ``ms.amp`` 'O1' runs over a network) take ``cls`` as one node instead of
+    parsing its construct into the user's network: it regenerated that code without the package's imports
+    ("name '_check_args' is not defined") and could not read its cached helpers ("got _lru_cache_wrapper")."""
+    try:
+        from mindspore.rewrite.common import namespace  # pylint: disable=import-outside-toplevel
+    except ImportError:  # (no rewrite: nothing parses the loss)
+        return
+    if cls not in namespace._subtree_black_list:  # pylint: disable=protected-access
+        namespace._subtree_black_list.append(cls)  # pylint: disable=protected-access
+
+
+def _ms_cell():
+    from mindspore import nn  # pylint: disable=import-outside-toplevel
+    return nn.Cell

@@ -12,6 +12,7 @@ from mindspore import nn, ops
 from mindspore.ops import constexpr
 
 from . import _validation
+from ._compat import FullPrecisionCell, without_mixed_precision
 from ._distill_math import KL, Variant, _pairwise, constants, log_mixture, log_softmax_plain, transformed
 from .backends import _device_target_const, check_name, choice_cache, compiled, distill, get_distill_kernels
 from .backends.vocab_parallel import VocabParallelKernels, vocab_group
@@ -560,7 +561,7 @@ def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction
                     int(ignore_index), backend, dtype, variant, weights, vocab_parallel_group, num_items_in_batch)
 
 
-class DistillationLoss(nn.Cell):
+class DistillationLoss(FullPrecisionCell, nn.Cell):
     r"""
     The ``nn.Cell`` form of :func:`ms_kldiv.distillation_loss`:
     :math:`T^2 \cdot \mathrm{KL}(\operatorname{softmax}(z_t/T) \,\|\, \operatorname{softmax}(z_s/T))`.

@@ -28,6 +28,7 @@ from mindspore import Tensor, nn, ops
 from mindspore.ops import constexpr
 
 from . import _compat, _validation
+from ._compat import FullPrecisionCell, without_mixed_precision
 from ._distill_math import (KL, cross_entropy_and_grad, sliced_cross_entropy_and_grad, transform_slope, transformed,
                             two_pass)
 from .backends import check_name, compiled, device_target, get_distill_kernels, get_kernels
@@ -344,6 +345,8 @@ class _FusedCore(nn.Cell):
     def __init__(self, kernels, temperature, beta, ignore_index, hard_weight, soft_weight, chunk_size, chunk_bytes,
                  teacher_grad, teacher_logits=False, stored=None, variant=KL, hard_options=(0.0, 0.0), group=None):
         super().__init__()
+        # (called from the loss's methods too, i.e. inside the caller's cell: mixed precision stops here)
+        without_mixed_precision(self)
         self.teacher_grad = teacher_grad and not teacher_logits and stored is None
         args = (kernels, temperature, beta, ignore_index, hard_weight, soft_weight)
 
@@ -454,7 +457,7 @@ def _discarded(v):
     return ops.cast(ops.zeros(v.shape, ms.float32), v.dtype)
 
 
-class FusedLinearDistillationLoss(nn.Cell):
+class FusedLinearDistillationLoss(FullPrecisionCell, nn.Cell):
     r"""
     Distillation loss of a student's output head against a teacher's, computed chunk by chunk from the hidden
     states so that the N x V logits never exist.

@@ -12,6 +12,7 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from . import _validation
+from ._compat import FullPrecisionCell, without_mixed_precision
 from .backends import _device_target_const, check_name_const, choice_cache, compiled, get_kernels, sparse
 from .backends.vocab_parallel import SlicedSparseKernels, vocab_group
 from .distillation import _reduce, over_count
@@ -205,7 +206,7 @@ def sparse_distillation_loss(student_logits, teacher_ids, teacher_values, *, mod
                    num_items_in_batch)
 
 
-class SparseDistillationLoss(nn.Cell):
+class SparseDistillationLoss(FullPrecisionCell, nn.Cell):
     r"""The ``nn.Cell`` form of :func:`ms_kldiv.sparse_distillation_loss` (the same arguments, fixed at
     construction, where they are checked).
 

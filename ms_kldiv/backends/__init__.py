@@ -141,7 +141,8 @@ def resolve(name="auto", device=None, op="kl_div", caller=None, warn=True):
 @choice_cache
 def _make_op(backend_name, device, reduction, log_target, graph):
     b = resolve(backend_name, device)
-    return b.make_graph_op(reduction, log_target) if graph else b.make_op(reduction, log_target)
+    op = b.make_graph_op(reduction, log_target) if graph else b.make_op(reduction, log_target)
+    return _compat.without_mixed_precision(op) if isinstance(op, ms.nn.Cell) else op
 
 
 def get_op(backend, reduction, log_target, graph=False):

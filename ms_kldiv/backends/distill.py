@@ -13,6 +13,7 @@ import os
 import mindspore as ms
 from mindspore import nn, ops
 
+from .._compat import without_mixed_precision
 from .._distill_math import KL, LOG_Z_S, hyper, row_grads, two_pass
 from .common import custom_reg_info
 from .head import AotFusedHead, head_ready
@@ -179,10 +180,11 @@ def rows_op(kernels, temperature=1.0, beta=0.0, teacher_grad=True, split=False, 
     backward launch writes both gradients; with ``teacher_grad=False`` the teacher gets zeros and the kernels do
     no teacher work). ``split`` (compiled code, kernels with ``backward_teacher``): one kernel per gradient.
     ``variant``: the divergence and the logits' transform (``ms_kldiv._distill_math.Variant``)."""
-    mark = two_pass(beta, variant)
     if split and hasattr(kernels, "backward_teacher"):
-        return _DistillRows(_DistillStatsCoreSplit(kernels, temperature, beta, variant), mark)
-    return _DistillRows(_DistillStatsCore(kernels, temperature, beta, teacher_grad, variant), mark)
+        core = _DistillStatsCoreSplit(kernels, temperature, beta, variant)
+    else:
+        core = _DistillStatsCore(kernels, temperature, beta, teacher_grad, variant)
+    return without_mixed_precision(_DistillRows(core, two_pass(beta, variant)))
 
 
 # ----------------------------------------------------------------------------------- compiled libraries

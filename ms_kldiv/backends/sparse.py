@@ -9,6 +9,7 @@ teacher's ids and values are stored data: their gradient is 0.
 import mindspore as ms
 from mindspore import nn, ops
 
+from .._compat import without_mixed_precision
 from .common import custom_reg_info
 
 
@@ -47,7 +48,7 @@ class _SparseRows(nn.Cell):
 def rows_op(kernels, temperature, ratio, beta, tail):
     """Cell (s [..., V], ids int32 [..., K], values float32 [..., K]) -> per-row loss [...] (the stats' dtype) on
     ``kernels``, differentiable for the student logits."""
-    return _SparseRows(_SparseCore(kernels, temperature, ratio, beta, tail))
+    return without_mixed_precision(_SparseRows(_SparseCore(kernels, temperature, ratio, beta, tail)))
 
 
 class _AotSparseKernel(nn.Cell):

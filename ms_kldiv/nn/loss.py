@@ -2,11 +2,12 @@
 from mindspore import nn
 
 from .. import _validation
+from .._compat import FullPrecisionCell
 from ..backends import compiled, get_op, resolve
 from ..functional import promoted_operands
 
 
-class KLDivLoss(nn.Cell):
+class KLDivLoss(FullPrecisionCell, nn.Cell):
     r"""
     Kullback-Leibler divergence loss, a drop-in for ``mindspore.mint.nn.KLDivLoss`` that runs on every
     device target, supports broadcasting and `log_target`, and differentiates both `input` and `target`.
