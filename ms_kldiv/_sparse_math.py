@@ -101,6 +101,17 @@ def support(x, ids, values, tail, ratio):
     return _buckets(log_r, lse, lse_off, values, valid, tail, ratio) + (lse, lse_off, hits, at, valid, bad)
 
 
+def int32_ids(ids):
+    """Stored-teacher ids as the kernels take them (int32): an int64 id past int32's range becomes int32's largest
+    (past any vocabulary: a NaN row, as any id >= V in compiled code) and one below it -1 (padding, as every
+    negative id), instead of wrapping onto another id or onto padding."""
+    if ids.dtype == ms.int32:
+        return ids
+    narrow = ops.cast(ids, ms.int32)
+    kept = ops.cast(narrow, ids.dtype) == ids
+    return ops.where(kept, narrow, ops.where(ids < 0, ops.full_like(narrow, -1), ops.full_like(narrow, 2**31 - 1)))
+
+
 def sliced_support(x, ids, values, tail, ratio, slice_info, gather, total, width=None):
     """``support`` for this rank's slice x [R, V_r] of the scaled student logits (vocabulary parallelism): the ids
     stay global, ``slice_info`` = int32 (first column of the slice, whole vocabulary); ``gather`` (x [R, k] ->

@@ -12,7 +12,7 @@ from mindspore import nn, ops
 from mindspore.ops import constexpr
 
 from . import _validation
-from ._compat import FullPrecisionCell, without_mixed_precision
+from ._compat import FullPrecisionCell
 from ._distill_math import KL, Variant, _pairwise, constants, log_mixture, log_softmax_plain, transformed
 from .backends import _device_target_const, check_name, choice_cache, compiled, distill, get_distill_kernels
 from .backends.vocab_parallel import VocabParallelKernels, vocab_group

@@ -31,6 +31,7 @@ from . import _compat, _validation
 from ._compat import FullPrecisionCell, without_mixed_precision
 from ._distill_math import (KL, cross_entropy_and_grad, sliced_cross_entropy_and_grad, transform_slope, transformed,
                             two_pass)
+from ._sparse_math import int32_ids
 from .backends import check_name, compiled, device_target, get_distill_kernels, get_kernels
 from .backends.distill import row_loss
 from .backends.vocab_parallel import (SliceInfo, SlicedSparseKernels, VocabParallelKernels, gather_cell, sum_cell,
@@ -628,7 +629,7 @@ class FusedLinearDistillationLoss(FullPrecisionCell, nn.Cell):
             vocab = student_weight.shape[0] if self.vocab_parallel_group is None else 2**62
             _validation.check_stored_data(teacher_ids, teacher_values, vocab, self.stored_mode,
                                           labels, self.ignore_index, name)
-        ids = ops.cast(_rows(teacher_ids), ms.int32)
+        ids = int32_ids(_rows(teacher_ids))
         values = ops.cast(_rows(teacher_values), ms.float32)
         if self.stored_mode == "sampled":
             values = ops.log(values)

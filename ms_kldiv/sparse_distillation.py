@@ -12,7 +12,8 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from . import _validation
-from ._compat import FullPrecisionCell, without_mixed_precision
+from ._compat import FullPrecisionCell
+from ._sparse_math import int32_ids
 from .backends import _device_target_const, check_name_const, choice_cache, compiled, get_kernels, sparse
 from .backends.vocab_parallel import SlicedSparseKernels, vocab_group
 from .distillation import _reduce, over_count
@@ -102,7 +103,7 @@ def _sparse(student_logits, teacher_ids, teacher_values, mode, temperature, teac
         rows_op = _sliced_rows_op(group, mode, temperature, teacher_temperature, beta)
     # the kernels take any leading shape (no reshape: MindSpore's CPU Reshape has no bfloat16 in graph mode)
     s = student_logits
-    ids = ops.cast(teacher_ids, ms.int32)
+    ids = int32_ids(teacher_ids)
     values = ops.cast(teacher_values, ms.float32)
     if mode == "sampled":
         values = ops.log(values)

@@ -339,6 +339,30 @@ def test_bad_ids_compiled_give_nan_rows(backend):
                                rtol=1e-6)
 
 
+@pytest.mark.parametrize("backend", SPARSE_BACKENDS)
+def test_int64_ids_past_int32_give_nan_rows_compiled(backend):
+    """int64 ids past int32's range: compiled code gives the documented NaN row (an id >= V), not the row of the id
+    they wrapped onto (2^33 acted as id 0, 2^33 + 5 as id 5, 2^32 - 1 as padding); an id below int32's range is
+    padding, as every negative id. The stored-teacher loss and the fused head's from_teacher_topk."""
+    s = np.linspace(-1.0, 1.0, 24, dtype=np.float32).reshape(3, 8)
+    ids = np.array([[2**33, 1], [2**33 + 5, 2], [2**32 - 1, 3]], np.int64)
+    values = np.log(np.full((3, 2), 0.25, np.float32))
+
+    def rows_of(a, i, v):
+        return ms_kldiv.sparse_distillation_loss(a, i, v, mode="tail", reduction="none", backend=backend)
+
+    rows = to_numpy(ms.jit(rows_of)(Tensor(s), Tensor(ids), Tensor(values)))
+    assert np.all(np.isnan(rows)), rows
+    below = np.array([[-(2**33), 1]], np.int64)  # padding: the row of id 1 alone
+    row = to_numpy(ms.jit(rows_of)(Tensor(s[:1]), Tensor(below), Tensor(values[:1])))
+    np.testing.assert_allclose(row, ref.sparse_distillation_rows(s[:1], np.array([[-1, 1]]), values[:1], "tail"),
+                               rtol=1e-6)
+    head = ms_kldiv.FusedLinearDistillationLoss(stored_mode="tail", backend=backend)
+    loss = ms.jit(head.from_teacher_topk)(Tensor(np.eye(3, dtype=np.float32)), Tensor(s.T.copy()), Tensor(ids),
+                                          Tensor(values))
+    assert np.isnan(to_numpy(loss))
+
+
 def test_backend_info_and_registry():
     rows = ms_kldiv.backend_info(op="sparse_distillation")
     by_name = {r["name"]: r for r in rows}
