@@ -108,8 +108,8 @@ def _unchanged_to_float(cell):
 def sealed_from_mixed_precision(cell):
     """``cell`` and every cell inside it with ``to_float`` made a no-op: ``ms.amp.auto_mixed_precision`` ('O2',
     'O3') calls ``to_float`` on every cell of a network, not only on its root, which flagged the fused head's inner
-    cells (whose kernels then refused the float16 casts). They run under what the loss Cell sets (none: each cell
-    marked ``without_mixed_precision`` costs PyNative a slower call path)."""
+    cells (whose kernels then refused the float16 casts). They run under what the loss Cell itself sets (no
+    mixed precision), which only it carries: a marked cell takes PyNative's longer call path."""
     for _, inner in cell.cells_and_names():
         object.__setattr__(inner, "to_float", _unchanged_to_float(inner))
     return cell
