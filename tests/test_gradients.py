@@ -152,8 +152,9 @@ def test_value_and_grad_and_single_operand(backend, mode, log_target):
     np.testing.assert_array_equal(to_numpy(dx_only), to_numpy(dx))
     if backend == "composite":
         # the broadcast target's gradient is MindSpore's own autodiff of the broadcast (a ReduceSum), in two separately
-        # differentiated graphs: once seen 1 ulp apart on CPU under load; ms_kldiv's kernels sum deterministically
-        np.testing.assert_allclose(to_numpy(dt_only), to_numpy(dt), rtol=3e-7, atol=0)
+        # differentiated graphs: seen 1 and 2 ulp apart (3.9e-7) on CPU under load; ms_kldiv's kernels sum
+        # deterministically
+        np.testing.assert_allclose(to_numpy(dt_only), to_numpy(dt), rtol=1e-6, atol=0)
     else:
         np.testing.assert_array_equal(to_numpy(dt_only), to_numpy(dt))
     assert dt.shape == (5,) and dx.shape == (4, 5)
