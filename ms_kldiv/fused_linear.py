@@ -299,12 +299,12 @@ def _carried(v):
 
 # Graph code below spells out each tensor rather than use a comprehension: graph mode parses a comprehension into an
 # iterator loop of helper graphs, each compiled (docs/mindspore-notes.md).
-def _snapshot(x):
-    """A copy of a weight or bias (a 0-d stand-in for none stays as it is)."""
-    if x.ndim == 0:
+def _snapshot(x, copies_bfloat16):
+    """A copy of a weight or bias (a 0-d stand-in for none stays as it is). ``copies_bfloat16`` False (CPU):
+    MindSpore's CPU has no bfloat16 Identity, and no bfloat16 Assign either, so no optimizer in the graph can update
+    such a weight: it needs no copy. (A float32 round trip is no copy: the compiler folds the cast pair away.)"""
+    if x.ndim == 0 or (x.dtype == ms.bfloat16 and not copies_bfloat16):
         return x
-    if x.dtype == ms.bfloat16:  # (MindSpore's CPU Identity has no bfloat16: a float32 round trip, exact)
-        return ops.cast(ops.cast(x, ms.float32), ms.bfloat16)
     return ops.deepcopy(x)
 
 
@@ -349,6 +349,7 @@ class _FusedCore(nn.Cell):
         # (called from the loss's methods too, i.e. inside the caller's cell: mixed precision stops here)
         without_mixed_precision(self)
         self.teacher_grad = teacher_grad and not teacher_logits and stored is None
+        self.copies_bfloat16 = device_target() != "CPU"  # (_snapshot)
         args = (kernels, temperature, beta, ignore_index, hard_weight, soft_weight)
 
         head = getattr(kernels, "fused_head", None)
@@ -378,7 +379,7 @@ class _FusedCore(nn.Cell):
             # same graph may update them first (it waits only for the student's gradients, from this pass): that
             # pass reads a copy made before this one. (A frozen teacher still pays the copy: teacher_grad=False
             # skips it. PyNative runs the optimizer after the backward.)
-            snap_ws, snap_bs = _snapshot(ws_), _snapshot(bs_)
+            snap_ws, snap_bs = _snapshot(ws_, self.copies_bfloat16), _snapshot(bs_, self.copies_bfloat16)
             inputs = (hs_, ops.depend(ws_, snap_ws), ops.depend(bs_, snap_bs)) + inputs[3:]
         loss = self.with_gradients(hs, ws, bs, ht_, wt_, bt_, *_cut(*loop(*inputs)[:4]))
         if not self.teacher_grad:
