@@ -153,3 +153,13 @@ def compute_dtype(dtype):
     """The dtype the math runs in: float32 for half types (the SPEC's accuracy; MindSpore's CPU BroadcastTo and
     ReduceSum also lack bfloat16 kernels), the dtype itself otherwise."""
     return ms.float32 if dtype in (ms.float16, ms.bfloat16) else dtype
+
+
+def narrowed_to_int32(x, below):
+    """Integer ``x`` as int32, the form the kernels take: a value past int32's range becomes int32's largest and one
+    below it ``below``, instead of wrapping onto another value (an int64 label or id of 2^33 became 0)."""
+    if x.dtype == ms.int32:
+        return x
+    narrow = ops.cast(x, ms.int32)
+    outside = ops.where(x < 0, ops.full_like(narrow, below), ops.full_like(narrow, 2**31 - 1))
+    return ops.where(ops.cast(narrow, x.dtype) == x, narrow, outside)

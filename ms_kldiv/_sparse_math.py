@@ -102,14 +102,9 @@ def support(x, ids, values, tail, ratio):
 
 
 def int32_ids(ids):
-    """Stored-teacher ids as the kernels take them (int32): an int64 id past int32's range becomes int32's largest
-    (past any vocabulary: a NaN row, as any id >= V in compiled code) and one below it -1 (padding, as every
-    negative id), instead of wrapping onto another id or onto padding."""
-    if ids.dtype == ms.int32:
-        return ids
-    narrow = ops.cast(ids, ms.int32)
-    kept = ops.cast(narrow, ids.dtype) == ids
-    return ops.where(kept, narrow, ops.where(ids < 0, ops.full_like(narrow, -1), ops.full_like(narrow, 2**31 - 1)))
+    """Stored-teacher ids as the kernels take them: past int32's range int32's largest (past any vocabulary: a NaN
+    row, as any id >= V in compiled code), below it -1 (padding, as every negative id)."""
+    return _math.narrowed_to_int32(ids, -1)
 
 
 def sliced_support(x, ids, values, tail, ratio, slice_info, gather, total, width=None):

@@ -27,7 +27,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 from mindspore.ops import constexpr
 
-from . import _compat, _validation
+from . import _compat, _math, _validation
 from ._compat import FullPrecisionCell, without_mixed_precision
 from ._distill_math import (KL, cross_entropy_and_grad, sliced_cross_entropy_and_grad, transform_slope, transformed,
                             two_pass)
@@ -707,13 +707,10 @@ def _check_label_range(labels, vocab, ignore_index):
 
 
 def _int32_labels(labels):
-    """The labels as the kernels take them; an int64 label outside int32 becomes int32's largest (past any
-    vocabulary: a NaN loss where the hard term counts it, as any label out of range in compiled code) rather than
-    wrapping into range or onto ``ignore_index``."""
-    if labels.dtype == ms.int32:
-        return labels
-    narrow = ops.cast(labels, ms.int32)
-    return ops.where(ops.cast(narrow, labels.dtype) == labels, narrow, ops.full_like(narrow, 2**31 - 1))
+    """The labels as the kernels take them: outside int32 int32's largest (past any vocabulary: a NaN loss where the
+    hard term counts it, as any label out of range in compiled code), not wrapped into range or onto
+    ``ignore_index``."""
+    return _math.narrowed_to_int32(labels, 2**31 - 1)
 
 
 def _rows(hidden):
