@@ -391,7 +391,7 @@ def sliced_cross_entropy_and_grad(logits, labels, keep, weights, z_loss, label_s
     if width == 0:
         # An empty slice computes on one -inf column (no mass, never a label): no reduction over an empty axis, and
         # the same collectives as the other ranks', after the same ones (depend: a constant would not wait for them).
-        logits = ops.depend(ops.cast(ops.zeros_like(ops.expand_dims(labels, 1)), logits.dtype) + _NEG_INF, logits)
+        logits = ops.depend(_math.no_class_column(ops.expand_dims(labels, 1), logits.dtype), logits)
     lse = ranks_logsumexp(gather(ops.stack(slice_normalizer(logits, 1.0), -1)), 0)
     log_p = logits - ops.expand_dims(lse, 1)
     local = ops.expand_dims(labels - vocab_start, 1)

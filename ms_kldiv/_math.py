@@ -163,3 +163,15 @@ def narrowed_to_int32(x, below):
     narrow = ops.cast(x, ms.int32)
     outside = ops.where(x < 0, ops.full_like(narrow, below), ops.full_like(narrow, 2**31 - 1))
     return ops.where(ops.cast(narrow, x.dtype) == x, narrow, outside)
+
+
+def no_class_column(rows, dtype):
+    """One -inf column [R, 1] of ``dtype`` (no mass, no class) shaped after ``rows`` [R, 1]: what an empty vocabulary
+    slice computes on, since the reductions, gathers and scatters over the classes need a column. Built from
+    ``rows`` because the row count may be known at run time only; it also ties the column to ``rows``' producer."""
+    return ops.cast(_ZEROS_LIKE(rows), dtype) + float("-inf")
+
+
+# A primitive, not ops.zeros_like: that function, parsed here for a Cell with a bprop, compiled to an empty graph
+# in the vocabulary-parallel stored teacher's backward (MindSpore 2.10: "The func graph is empty ... zeros_like").
+_ZEROS_LIKE = ops.ZerosLike()

@@ -22,6 +22,7 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from .._distill_math import BASE_S, BASE_T, KL, LOG_Z_S, LOG_Z_T, SUM_A, SUM_B, merged_log_z
+from .._math import no_class_column
 from .._sparse_math import sliced_row_stats, sliced_student_grad
 from .composite import CompositeDistillKernels
 
@@ -174,7 +175,7 @@ class VocabParallelKernels:
         self.group = group
         self.dtypes = kernels.dtypes
         composite = isinstance(kernels, CompositeDistillKernels)
-        self.empty = None if composite else CompositeDistillKernels(ms.get_context("device_target"))
+        self.empty_slice_kernels = None if composite else CompositeDistillKernels(ms.get_context("device_target"))
 
     def unsupported(self, variant):
         return self.kernels.unsupported(variant)
@@ -182,9 +183,9 @@ class VocabParallelKernels:
     def forward(self, temperature, beta, variant=KL):
         """Cell (s, t) [R, V_r] (2-D: the callers flatten) -> the whole rows' stats [R, STATS]."""
         forward = _SliceForward(self.kernels, self.group, temperature, beta, variant)
-        if self.empty is None:
+        if self.empty_slice_kernels is None:
             return forward
-        return _ByWidth(forward, _SliceForward(self.empty, self.group, temperature, beta, variant))
+        return _ByWidth(forward, _SliceForward(self.empty_slice_kernels, self.group, temperature, beta, variant))
 
     def backward(self, temperature, beta, teacher_grad, variant=KL):
         return self._by_width(lambda k: k.backward_given(temperature, beta, teacher_grad, variant))
@@ -195,7 +196,7 @@ class VocabParallelKernels:
     def _by_width(self, make):
         """A backward Cell of these kernels, with the composite one for an empty slice (``_ByWidth``)."""
         kernel = make(self.kernels)
-        return kernel if self.empty is None else _GradByWidth(kernel, make(self.empty))
+        return kernel if self.empty_slice_kernels is None else _GradByWidth(kernel, make(self.empty_slice_kernels))
 
 
 # ------------------------------------------------------------------------------------------- stored teachers
@@ -225,7 +226,7 @@ class _SparseSliceForward(nn.Cell):
         x = ops.cast(s, self.acc_dtype)
         if s.shape[-1] != 0:
             return x, None
-        return ops.cast(ops.zeros_like(ids[..., :1]), self.acc_dtype) + float("-inf"), 0
+        return no_class_column(ids[..., :1], self.acc_dtype), 0
 
     def construct(self, s, ids, values):
         x, width = self.operand(s, ids)
