@@ -7,14 +7,16 @@
 // distill_cuda.cu. A row is cut into units (a 16-byte packet of classes when every row starts 16-byte aligned and V
 // is a whole number of packets, else one class); thread `lane` owns the units lane, lane + R, lane + 2R, ...
 //
-// Forward: one read of each row. The thread's units are visited in tiles of 64 classes per thread; before a tile
-// the thread scans the row's ids and sets one bit of a 64-bit register mask per id among its own classes of the
-// tile (an id seen twice sets a bit already set: a repeated id; an id >= V: out of range; either makes the row
-// bad). Then each class adds e^x to Z and, when its bit is clear, to Z_off: the tail's sum is formed directly,
-// never as Z minus the ids' terms. Online maxima (raw units, so huge logits stay exact), double sums; the states
-// merge across the group in a fixed order (warp shuffles, then the warps' states in shared memory), so results are
-// bitwise reproducible and independent of the grid; no atomics, no scratch memory. Lane 0 then forms the row's
-// statistics with sparse::row_stats (K gathers of the row).
+// Forward: one read of each row (two for a confident student's, below). The thread's units are visited in tiles of 64
+// classes per thread; before a tile the thread scans the row's ids and sets one bit of a 64-bit register mask per id
+// among its own classes of the tile (an id seen twice sets a bit already set: a repeated id; an id >= V: out of range;
+// either makes the row bad). Then each class adds e^x to Z and, when its bit is clear, to Z_off: the tail's sum is
+// formed directly, never as Z minus the ids' terms. Online maxima (raw units, so huge logits stay exact), double sums;
+// the states merge across the group in a fixed order (warp shuffles, then the warps' states in shared memory), so
+// results are bitwise reproducible and independent of the grid; no atomics, no scratch memory. A row whose Z_off comes
+// out below kTailRescue (a confident student: its tail's terms may have underflowed) is read once more, its classes off
+// the ids summed relative to their own maximum. Lane 0 then forms the row's statistics with sparse::row_stats (K
+// gathers of the row).
 // Backward: one write of each row (the tail and softmax terms), then every thread overwrites the id positions
 // among its own classes with sparse::id_grad: the thread that wrote a class is the one that overwrites it, so
 // program order puts the overwrite last without a barrier. A row with dloss == 0 gets exact zeros, its logits
@@ -135,13 +137,26 @@ __device__ __forceinline__ uint64_t tile_mask(const int32_t *ids, int64_t k, int
 }
 
 // ------------------------------------------------------------------------------------------ forward
-template <int R, bool kVec, typename T>
-__device__ __forceinline__ void forward_row(const T *s, const int32_t *ids, const float *vals, int64_t vocab,
-                                            int64_t k, const Hyper &h, int lane, Sums *part, float *stats) {
+// A confident student's tail (the CPU kernels' off_ids_log_z, custom_ops/cpu/sparse_kernels.inc): a thread's terms are
+// float32 exponentials relative to its base, which sits on an id once the thread has met one above its other classes,
+// so its later classes off the ids underflow from a gap of ~87 T (flushed) or ~103 T below it and were lost. Terms lost
+// or left subnormal lie below e^-87 of the row's maximum: under this bound for Z_off (relative to that maximum) they
+// may be all of it, above it they are below float rounding. Rows under it sum the classes off the ids once more,
+// relative to their own maximum.
+constexpr double kTailRescue = 0x1p-64;
+// log of the smallest positive double: a tail further below the row's maximum has no mass in the float64 definition
+// (ms_kldiv.reference), which then has no tail.
+constexpr double kLogMinDouble = -745.1332191019412;
+
+// One sweep of this thread's classes of the row, into a state of its own (not yet merged across the group).
+// kOffOnly = false: every class into z and the classes off the ids into z_off too, m the maximum of all (the forward's
+// read). kOffOnly = true: only the classes off the ids, into z_off relative to their own maximum m (the rescue's read).
+template <int R, bool kVec, bool kOffOnly, typename T>
+__device__ __forceinline__ Sums sweep(const T *s, const int32_t *ids, int64_t vocab, int64_t k, float inv_t,
+                                      int lane) {
   constexpr int E = kVec ? Vec16<T>::kN : 1;
   constexpr int U = kTileBits / E;  // units per thread per tile
   const int64_t units = vocab / E;  // kVec: V is a whole number of packets
-  const float inv_t = h.inv_t;
   Sums st = sums_empty();
   float base = 0.0f, lazy_above = -INFINITY, m = -INFINITY;  // the exponents' base, kLazyRescale's bound, the max
   const float lazy = kLazyRescale / inv_t;  // in logit units
@@ -155,6 +170,9 @@ __device__ __forceinline__ void forward_row(const T *s, const int32_t *ids, cons
     pending = 0;
   };
   auto add = [&](float v, bool on_id) {
+    if constexpr (kOffOnly) {
+      if (on_id) return;  // neither the maximum nor the sums: the tail's own
+    }
     m = v > m ? v : m;
     if (v > lazy_above) {
       flush();
@@ -163,7 +181,7 @@ __device__ __forceinline__ void forward_row(const T *s, const int32_t *ids, cons
       lazy_above = v + lazy;
     }
     const float e = expf((v - base) * inv_t);
-    z_part += e;
+    if constexpr (!kOffOnly) z_part += e;
     z_off_part += on_id ? 0.0f : e;
     if (++pending == kFlushEvery) flush();
   };
@@ -185,12 +203,29 @@ __device__ __forceinline__ void forward_row(const T *s, const int32_t *ids, cons
   flush();
   sums_rescale(&st, m, inv_t);  // to the true maximum
   st.bad = bad ? 1.0 : 0.0;
-  const double inv_t_d = inv_t;
-  st = group_reduce<R>(st, [inv_t_d](Sums *a, Sums b) { sums_merge(a, b, inv_t_d); }, sums_empty(), part);
+  return st;
+}
+
+template <int R, bool kVec, typename T>
+__device__ __forceinline__ void forward_row(const T *s, const int32_t *ids, const float *vals, int64_t vocab,
+                                            int64_t k, const Hyper &h, int lane, Sums *part, float *stats) {
+  const double inv_t_d = h.inv_t;
+  const auto merge = [inv_t_d](Sums *a, Sums b) { sums_merge(a, b, inv_t_d); };
+  const Sums st = group_reduce<R>(sweep<R, kVec, false>(s, ids, vocab, k, h.inv_t, lane), merge, sums_empty(), part);
+  const double base = distill::safe_base(st.m);
+  double log_z_off;
+  // The group's merged state is the same in each of its threads, so the whole group (with R > 32 the block, whose
+  // barriers group_reduce needs) takes this branch or none does.
+  if (st.z_off < kTailRescue) {
+    const Sums off = group_reduce<R>(sweep<R, kVec, true>(s, ids, vocab, k, h.inv_t, lane), merge, sums_empty(), part);
+    const double hi = (off.m - base) * inv_t_d;  // the tail's maximum relative to the row's
+    log_z_off = off.m == -INFINITY || hi < kLogMinDouble ? -INFINITY : hi + log(off.z_off);
+  } else {
+    log_z_off = log(st.z_off);
+  }
   if (lane == 0) {
-    const double m = distill::safe_base(st.m);
-    const auto x_at = [&](int64_t c) { return (static_cast<double>(to_c(s[c])) - m) * h.inv_t; };
-    row_stats(h, ids, vals, k, m, log(st.z), log(st.z_off), st.bad != 0.0, x_at, stats);
+    const auto x_at = [&](int64_t c) { return (static_cast<double>(to_c(s[c])) - base) * h.inv_t; };
+    row_stats(h, ids, vals, k, base, log(st.z), log_z_off, st.bad != 0.0, x_at, stats);
   }
 }
 

@@ -6,9 +6,10 @@ float32 cases against central differences of the reference. Both launch shapes (
 a block per row beyond, with a vocabulary of more than one 16384-class tile), 128-bit and scalar loads, every dtype,
 modes renormalize / tail and beta 0, 0.5, 1; padding ids, K = 1, K = V (dense distillation), bad rows (a repeated
 id, an id >= V: NaN, and no read outside the row), ignored rows (exact zeros), huge logits, -inf logits off the
-ids, a student with almost all its mass on the ids (the tail's sum is formed directly), empty shapes. The stand-in
-aborts on divergence, barrier, bounds and uninitialized-shared-memory errors, so each passing case also shows none
-of those happened.
+ids, a student with almost all its mass on the ids (the tail's sum is formed directly), a confident student whose
+tail lies below float32's range (the tail's second read) or float64's (none), empty shapes. The stand-in aborts
+on divergence, barrier, bounds and uninitialized-shared-memory errors, so each passing case also shows none of those
+happened.
 
 All cases run in four child processes (stand-in forward, stand-in backward, CPU forward, CPU backward), so the module
 costs a few seconds beyond the stand-in library's build."""
@@ -174,6 +175,49 @@ def build_cases():
     np.put_along_axis(s, ids, 0.0, -1)
     cases["tiny-tail"] = Case(s, ids, np.log(np.full((2, 16), 0.05, np.float32)), temperature=1.0, mode="tail",
                               beta=0.5)
+    cases.update(confident_cases())
+    return cases
+
+
+def confident_case(vocab, gaps, seed, k=5, **kw):
+    """A student whose classes off the ids lie gaps[r] (+ U(-3, 0)) below the ids' (U(-1, 1)) in row r: their
+    exponentials relative to the row's maximum underflow float32 from gap / T ~ 87 (flushed; ~103 otherwise). Row 1
+    has a padding id; the teacher keeps 0.6 of its mass on the ids, 0.4 in its tail."""
+    rng = np.random.default_rng(seed)
+    rows = len(gaps)
+    s = -np.asarray(gaps, np.float64)[:, None] + rng.uniform(-3.0, 0.0, size=(rows, vocab))
+    ids = np.stack([rng.permutation(vocab)[:k] for _ in range(rows)]).astype(np.int32)
+    ids[1, -1] = -1
+    np.put_along_axis(s, np.where(ids < 0, ids[:, :1], ids), rng.uniform(-1.0, 1.0, size=(rows, k)), -1)
+    vals = np.log(0.6 * rng.dirichlet(np.ones(k), rows))
+    vals[ids < 0] = 0.0
+    return Case(s, ids, vals, **kw)
+
+
+def confident_cases():
+    """A confident student (test_sparse_distillation.py::test_confident_student_keeps_the_teacher_tail's rows):
+    gaps 110 and 60 at T = 1 and 55 at T = 0.5 take the tail's second read (Z_off < 2^-64 of the row's maximum), 40
+    the ordinary path; a last row with an ordinary tail beside them. Both launch shapes, packets and scalars, every
+    dtype, both modes, beta 0, 0.5, 1; at T = 0.05 a tail below float64's range (none, as in the definition) and
+    one between float32's and float64's (kept)."""
+    cases = {}
+    for (temperature, gap), seed in zip(((1.0, 110.0), (0.5, 55.0), (1.0, 60.0), (1.0, 40.0)), range(20, 24)):
+        for vocab, beta in ((37, 0.0), (300, 0.5)):
+            cases[f"confident-V{vocab}-T{temperature}-gap{gap:g}"] = confident_case(
+                vocab, (gap, gap, 0.0), seed, temperature=temperature, mode="tail", beta=beta)
+    cases["confident-block-T1-gap110"] = confident_case(2500, (110.0, 110.0, 0.0), 24, k=40, mode="tail", beta=1.0)
+    cases["confident-block-T0.5-gap55-scalar"] = confident_case(2501, (55.0, 55.0), 25, k=40, temperature=0.5,
+                                                                mode="tail", beta=0.5)
+    cases["confident-V300-T0.5-gap55-f16"] = confident_case(300, (55.0, 55.0, 0.0), 26, temperature=0.5, mode="tail",
+                                                            beta=0.5, dtype_id="f16")
+    cases["confident-V304-T1-gap110-bf16"] = confident_case(304, (110.0, 110.0, 0.0), 27, mode="tail", beta=0.0,
+                                                            dtype_id="bf16")
+    cases["confident-V300-T1-gap110-renormalize"] = confident_case(300, (110.0, 110.0, 0.0), 28, mode="renormalize",
+                                                                   beta=0.5)
+    # T = 0.05: gap 40 puts the tail's largest x below log(smallest double) ~ -745 (the definition has no tail), gap
+    # 15 near x = -300 (below float32's range, within float64's)
+    cases["confident-cold-T0.05"] = confident_case(300, (40.0, 40.0, 15.0), 29, temperature=0.05, mode="tail",
+                                                   beta=0.5)
     return cases
 
 
@@ -299,6 +343,31 @@ def test_tail_sum_is_formed_directly(results):
     log_r, _ = ref.sparse_support(case.s, case.ids, case.vals, "tail")
     np.testing.assert_allclose(st[:, K_LOGZOFF].astype(np.float64) - st[:, K_LOGZ], log_r[:, -1], rtol=1e-6)
     assert (log_r[:, -1] < -20).all()
+
+
+CONFIDENT = [n for n in CASES if n.startswith("confident-")]
+
+
+@pytest.mark.parametrize("name", CONFIDENT)
+def test_confident_student_keeps_the_teacher_tail(results, name):
+    """The student's tail mass log r_tail = log Z_off - log Z against the float64 definition's, where it lies below
+    float32's range relative to the row's maximum too (the forward's float32 terms read it as none, or a thread whose
+    base sat on an id lost its later classes off the ids, and the teacher's tail mass was dropped or misweighed);
+    none where the definition has none. The loss and gradients are checked by the tests above for every case."""
+    case = CASES[name]
+    st = results[name][0]
+    log_r, _ = ref.sparse_support(case.s, case.ref_ids(), case.vals, case.mode, case.temperature,
+                                  case.teacher_temperature)
+    tail = log_r[:, -1]
+    none = tail == -np.inf
+    assert (st[none, K_LOGZOFF] == -np.inf).all(), "no tail in the definition: none in the kernel"
+    # float32 statistics: log Z's rounding (|log Z| < 9 here) in the difference
+    np.testing.assert_allclose(st[~none, K_LOGZOFF].astype(np.float64) - st[~none, K_LOGZ], tail[~none], rtol=1e-6,
+                               atol=1e-5)
+    rescued = tail < np.log(2.0 ** -64)  # the rows the second read serves (the float32 sweep's Z_off under 2^-64)
+    assert rescued.any() == ("gap40" not in name), (name, tail)
+    if name == "confident-cold-T0.05":
+        assert none.tolist() == [True, True, False] and tail[2] < -200, tail
 
 
 def test_masked_and_huge_logits(results):
