@@ -222,6 +222,68 @@ def test_sparse_kernel_huge_logits(sim32, mode, beta):
     assert np.isfinite(stats[[0, 1], 0]).all()
 
 
+def _confident(rows, vocab, k, gap, seed):
+    """A student whose classes off the ids lie ``gap`` (raw units) below its logits at the ids, which hold the row's
+    maximum (but in row 1); ids in any order with one padding id; a teacher keeping 0.6 of its mass on the ids, 0.4
+    in its tail."""
+    rng = np.random.default_rng(seed)
+    s = np.full((rows, vocab), -gap) + rng.uniform(-3.0, 0.0, size=(rows, vocab))
+    ids = np.stack([1 + rng.permutation(vocab - 1)[:k] for _ in range(rows)]).astype(np.int32)  # never class 0
+    ids[1, -1] = -1  # padding, which also lifts class 0 to the ids' level: row 1 keeps an ordinary tail
+    np.put_along_axis(s, np.maximum(ids, 0), rng.uniform(-1.0, 1.0, size=(rows, k)), -1)
+    vals = np.log(0.6 * rng.dirichlet(np.ones(k), rows)).astype(np.float32)
+    vals[ids < 0] = 0.0
+    return s.astype(np.float32), ids, vals
+
+
+@needs_compiler
+@pytest.mark.parametrize("temperature, gap", [(1.0, 110.0), (0.5, 55.0), (1.0, 100.0), (1.0, 60.0), (1.0, 40.0)],
+                         ids=["T1-gap110", "T0.5-gap55", "T1-gap100", "T1-gap60", "T1-gap40"])
+def test_sparse_kernel_confident_student_keeps_the_teacher_tail(sim32, temperature, gap):
+    """The AscendC twin of test_sparse_distillation.py::test_confident_student_keeps_the_teacher_tail: the classes
+    off the ids lie ``gap`` below the row's maximum, so their float32 exponentials relative to it underflow (from
+    gap / T ~ 87, ~103 with subnormals); the forward must sum them again relative to their own maximum, or the tail
+    reads as none and the teacher's tail mass is dropped (loss and gradient 0 where the definition gives ~gap / 2).
+    Gap 100: subnormal terms on the stand-in (no flush), a few digits each. Gap 40 stays on the ordinary path. V = 37
+    and 300 (one tile), 3001 on short tiles (the ids and the classes off them spread over several tiles, both passes'
+    online maxima moving between them); values, stats and gradients against float64."""
+    for op in (sparse_sim.FORWARD, sparse_sim.BACKWARD):
+        assert sim32.plan(3, 3001, 5, 4, op, ub=SMALL_UB)["tile_length"] * 2 < 3001
+    for vocab, beta, ub in ((37, 0.0, None), (300, 0.5, None), (3001, 1.0, SMALL_UB), (3001, 0.0, SMALL_UB)):
+        s, ids, vals = _confident(3, vocab, 5, gap, seed=17 + vocab)
+        what = f"T={temperature} gap={gap} V={vocab} beta={beta}"
+        stats, _ = _check(sim32, s, ids, vals, "tail", temperature, beta, cores=2, ub=ub, what=what)
+        assert np.isfinite(stats[:, 3]).all(), what
+        if beta == 0.0:  # forward KL: the teacher's tail mass costs ~0.4 gap T (T^2 D), and moves the tail
+            want = ref.sparse_distillation_rows(s, ids, vals, "tail", temperature, 1.0, beta)
+            assert (want[[0, 2]] > 0.1 * gap * temperature).all(), (what, want)
+            eds = sparse_sim.reference_grads_f64(s, ids, vals, "tail", temperature, 1.0, beta)
+            off = np.ones((3, vocab + 1), bool)  # a padding id marks the spare column
+            np.put_along_axis(off, np.where(ids >= 0, ids, vocab), False, -1)
+            assert (np.abs(np.where(off[:, :-1], eds, 0)).sum(-1) > 0.1).all(), what
+        if vocab == 3001:  # 'renormalize': no teacher tail; against the student's, reverse KL is +inf as defined
+            _check(sim32, s, ids, vals, "renormalize", temperature, beta, cores=2, ub=ub, what=what + " renorm")
+
+
+@needs_compiler
+@pytest.mark.parametrize("beta", [0.0, 0.5])
+def test_sparse_kernel_confident_student_up_to_float64s_range(sim32, beta):
+    """At T = 0.05 a gap of 30 puts the tail ~600 below the row's maximum (x = (s - max) / T): far below float32's
+    range, inside float64's, where the definition keeps the tail; a gap of 40 (~800) and of 1e4 lie below
+    float64's range too, where the definition has no tail (log r_tail = -inf), and neither has the kernel. One row
+    holds no class off the ids with mass (every other logit -inf): no tail either; row 1 keeps an ordinary tail.
+    Every tail term there is e^(x - log Z_off) with x ~ -600 formed in float32 relative to the row's maximum: x's
+    rounding (an ulp of 600 is 6e-5, plus s - max's) reaches each term, ~8e-5 relative; hence grad_rtol 1e-4."""
+    for gap in (30.0, 40.0, 1e4):
+        s, ids, vals = _confident(3, 700, 5, gap, seed=23)
+        s[2] = np.where(np.isin(np.arange(700), ids[2]), s[2], -np.inf)
+        what = f"gap={gap}"
+        stats, _ = _check(sim32, s, ids, vals, "tail", 0.05, beta, cores=2, ub=SMALL_UB, loss_rtol=2e-5,
+                          grad_rtol=1e-4, what=what)
+        assert stats[2, 3] == -np.inf and stats[2, 5] == 0.0, what
+        assert np.isfinite(stats[1, 3]) and np.isfinite(stats[0, 3]) == (gap == 30.0), (what, stats[:, 3])
+
+
 @needs_compiler
 def test_sparse_kernel_zero_rows_and_core_counts(sim32):
     """0 rows: nothing launched on any row, empty results; the split of rows over cores changes nothing, bit for

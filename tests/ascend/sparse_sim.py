@@ -199,13 +199,16 @@ def reference_grads_f64(student, ids, values, mode="renormalize", temperature=1.
     off = np.ones(s.shape[:-1] + (s.shape[-1] + 1,), bool)
     np.put_along_axis(off, np.where(valid, ids, s.shape[-1]), False, -1)
     off = off[..., :-1]
+    off &= log_r[..., -1:] > -np.inf  # no tail bucket (no mass off the ids in float64): no tail term
+    # (a row of infinite loss, as reverse KL of a student tail against no teacher tail, has an infinite A and NaN
+    # gradients: quietly, the checks skip rows whose loss is not finite)
     with np.errstate(all="ignore"):
         tail = np.where(off, a[..., -1:] * np.exp(ls - log_r[..., -1:]), 0.0)
-    grad = tail - p * big_a
-    mag = np.abs(tail) + p * np.abs(big_a)
-    p_ids = np.where(valid, np.take_along_axis(p, np.where(valid, ids, 0), -1), 0.0)
-    at_ids = a[..., :-1] - p_ids * big_a
-    mag_ids = np.abs(a[..., :-1]) + p_ids * np.abs(big_a)
+        grad = tail - p * big_a
+        mag = np.abs(tail) + p * np.abs(big_a)
+        p_ids = np.where(valid, np.take_along_axis(p, np.where(valid, ids, 0), -1), 0.0)
+        at_ids = a[..., :-1] - p_ids * big_a
+        mag_ids = np.abs(a[..., :-1]) + p_ids * np.abs(big_a)
     lead = np.indices(ids.shape[:-1])
     for i in range(ids.shape[-1]):
         sel = valid[..., i]

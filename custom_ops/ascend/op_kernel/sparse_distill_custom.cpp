@@ -9,6 +9,15 @@
 // also finds a repeated id (its lane is marked already), and the raw logit at each id is kept as the tile passes
 // (the "K gathers" cost no extra GM reads). Then the K + 1 buckets' math on the id lanes (sparse_common.h).
 // Everything is float32 inside. Scalar work per tile: one look at each of the K ids.
+//
+// A confident student: where the classes off the ids lie ~87 T or more below the row's maximum (which sits on an
+// id), their exponentials relative to it underflow float32 and Z_off reads as 0, which would drop the tail bucket
+// and the teacher's tail mass with it. Rows whose Z_off falls below kTailRescue read their logits a second time
+// (OffIdsLogZ) and sum the classes off the ids relative to their own maximum: log Z_off = x_off + log Z_off', a
+// float32 log even where Z_off itself is no float32. That keeps the float64 definition's whole range (its tail
+// vanishes below log r_tail ~ -745, float64's smallest positive value; so does the kernel's), with log Z_off as
+// exact as x = (s - max) / T is in float32. The backward's tail term e^(x - log Z_off) takes it as it is. Other
+// rows read their logits once, as before.
 #include "sparse_common.h"
 
 using namespace AscendC;
@@ -50,6 +59,11 @@ class SparseForward {
  private:
   // Slots of scalarBuf_ (32 B apart, so every vector result starts a block).
   static constexpr uint32_t kMaxSlot = 0, kZ = 8, kZOff = 16, kA = 24, kD = 32, kFn = 40;
+  // Below this the sweep's Z_off has lost terms to underflow (each < 2^-126, flushed on the device): above it,
+  // what is lost weighs less than V 2^-62 of it, and the sweep's Z_off stands.
+  static constexpr float kTailRescue = 0x1p-64f;
+  // log of float64's smallest positive value: the float64 definition's tail mass e^(log r_tail) is 0 below it.
+  static constexpr float kF64LogMin = -745.1332191f;
 
   // f(v) of one scalar through the vector unit (the scalar unit has no exp or log): Exp (ln = false) or Ln.
   __aicore__ inline float VectorFn(float v, bool ln) {
@@ -153,7 +167,8 @@ class SparseForward {
     }
     const float base = m == kNegInf ? 0.0f : m;
     const float logZ = LogSum(z);
-    const float logZOff = LogSum(zOff);
+    // A NaN Z_off is no rescue case (the comparison fails); a bad row's loss is NaN whatever its tail.
+    const float logZOff = !bad && m != kNegInf && zOff < kTailRescue ? OffIdsLogZ(row, base, logZ) : LogSum(zOff);
 
     // The teacher's tail logit: ratio log(1 - sum_i e^(v_i)) over the non-padding ids (-inf without a tail).
     LocalTensor<float> lm = lmBuf_.Get<float>();
@@ -180,6 +195,14 @@ class SparseForward {
     bad = bad || !(logQ > kNegInf);  // no teacher distribution (every id padding, no tail): NaN, as dense
     Adds(v, v, -logQ, lanes);  // log q
     BucketLanes(h_, a, term, true, x, v, lm, p, laneMaskBuf_.Get<uint8_t>(), lanes);
+    if (h_.kind == sparse_tiling::kReverseKL && yTail == kNegInf && logZOff != kNegInf) {
+      // The student's tail r > 0 against no teacher tail: r (log r - log q) = +inf, as in the definition. Where r
+      // underflows float32 (a tail from OffIdsLogZ: log r finite, e^(log r) = 0) the lane read 0 * inf = NaN.
+      VectorToScalar();
+      term.SetValue(k, distill_kernel::kPosInf);
+      a.SetValue(k, distill_kernel::kPosInf);
+      ScalarToVector();
+    }
     ReduceSum(sc_[kD], term, work_, k + 1);
     ReduceSum(sc_[kA], a, work_, k + 1);
     VectorToScalar();
@@ -187,6 +210,57 @@ class SparseForward {
     const float bigA = sc_.GetValue(kA);
     const float aTail = logZOff == kNegInf ? 0.0f : a.GetValue(k);
     WriteStats(row, bad ? kNaN : h_.tSquared * d, base, logZ, logZOff, bad ? kNaN : bigA, aTail, logQ);
+  }
+
+  // log Z_off of a row whose sweep lost it to underflow: a second read of the row, each tile's x = (s - base) / T
+  // formed as the backward forms it (so its tail terms e^(x - log Z_off) add up to 1 over the classes off the ids),
+  // the ids' lanes set to -inf, an online maximum x_off of the rest and their sum Z_off' of e^(x - x_off) (the
+  // first pass's scheme), then log Z_off = x_off + log Z_off'. -inf when no class off the ids has mass, or where
+  // the definition's tail is 0 in float64 (x_off - log Z below kF64LogMin).
+  __aicore__ inline float OffIdsLogZ(uint64_t row, float base, float logZ) {
+    LocalTensor<int32_t> ids = row_.Ids();
+    float hi = kNegInf, zo = 0.0f;
+    const uint64_t tiles = sparse_tiling::TileCount(h_.vocab, h_.tile);
+    Prefetch(row, 0, tiles);
+    for (uint64_t t = 0; t < tiles; ++t) {
+      Prefetch(row, t + 1, tiles);
+      const uint32_t n = h_.Valid(t);
+      const uint32_t count = sparse_tiling::ComputeCount(n);
+      LocalTensor<float> raw = rawBuf_.Get<float>();
+      LocalTensor<float> e = expBuf_.Get<float>();
+      LocalTensor<T> in = inQue_.template DeQue<T>();
+      RawFloat(raw, in, count);
+      inQue_.FreeTensor(in);
+      Adds(e, raw, -base, count);
+      Muls(e, e, h_.invT, count);
+      VectorToScalar();
+      const uint64_t b0 = t * h_.tile;
+      for (uint32_t i = 0; i < h_.ids; ++i) {
+        const int32_t id = ids.GetValue(i);
+        if (id < 0 || static_cast<uint64_t>(id) < b0 || static_cast<uint64_t>(id) - b0 >= n) continue;
+        e.SetValue(static_cast<uint32_t>(static_cast<uint64_t>(id) - b0), kNegInf);
+      }
+      ScalarToVector();
+      ReduceMax(sc_[kMaxSlot], e, work_, n);
+      VectorToScalar();
+      const float tileMax = sc_.GetValue(kMaxSlot);
+      float shift = 0.0f;  // the sum moves to a grown maximum, as in the first pass
+      if (tileMax > hi) {
+        if (hi != kNegInf) shift = hi - tileMax;
+        hi = tileMax;
+      }
+      if (hi == kNegInf) continue;  // no class off the ids with mass yet: the sum stays 0
+      sc_.SetValue(kFn, shift);
+      ScalarToVector();
+      Exp(sc_[kFn], sc_[kFn], 8);
+      Adds(e, e, -hi, count);
+      Exp(e, e, count);
+      ReduceSum(sc_[kZOff], e, work_, n);
+      VectorToScalar();
+      zo = zo * sc_.GetValue(kFn) + sc_.GetValue(kZOff);
+    }
+    if (hi == kNegInf || hi - logZ < kF64LogMin) return kNegInf;
+    return hi + LogSum(zo);  // zo >= 1: the maximum's own term
   }
 
   // Tile i of a row into the queue, if the row has one (loaded one tile ahead of the compute).

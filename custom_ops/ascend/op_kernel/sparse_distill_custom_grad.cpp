@@ -7,8 +7,11 @@
 // (only the second term when log Z_off = -inf: no class off the ids has mass), then the lanes of the ids in the
 // tile are overwritten with g_t (a_i - r_i A) (sparse::id_grad): the scalar unit gathers the tile's ids' x and
 // values into id lanes, the vector unit computes their gradients, the scalar unit scatters them back, and the tile
-// is rounded once to the IO dtype. A row with g == 0 (an ignored row) gets exact zeros without reading its logits
-// or ids, whatever its statistics hold. An id >= V matches no tile: nothing outside the row is touched.
+// is rounded once to the IO dtype. The tail's share is spread by e^(x - log Z_off), never divided by r_tail: a
+// confident student's log Z_off (which the forward summed relative to the tail's own maximum) may lie far below
+// float32's range of e^x, while x - log Z_off stays in range. A row with g == 0 (an ignored row) gets exact zeros
+// without reading its logits or ids, whatever its statistics hold. An id >= V matches no tile: nothing outside the
+// row is touched.
 #include "sparse_common.h"
 
 using namespace AscendC;
