@@ -261,6 +261,9 @@ class _CompiledLoop(nn.Cell):
         self.inputs_set = None  # the (signature, dynamic inputs) set_inputs was last given
 
     def __call__(self, *args):
+        # A view (a padded teacher vocabulary sliced, a tied embedding's transpose) is copied first: once recompiled
+        # with the rows dynamic, MindSpore read a non-contiguous input as if it were contiguous.
+        args = tuple(v if v.is_contiguous() else v.contiguous() for v in args)
         key = _signature(args)
         first, dynamic = self.signatures.setdefault(key, (tuple(v.shape for v in args), ()))
         if not dynamic and args[0].shape[:1] != first[0][:1]:
