@@ -225,6 +225,15 @@ def check_int(value, arg_name, name):
         raise TypeError(f"For '{name}', '{arg_name}' must be an int, but got {type(value).__name__}: {value!r}.")
 
 
+def check_ignore_index(value, name):
+    """``ignore_index``: an int that int32 labels can hold (the kernels compare labels as int32: a larger one would
+    wrap onto another label)."""
+    check_int(value, "ignore_index", name)
+    if not -2**31 <= value < 2**31:
+        raise ValueError(f"For '{name}', 'ignore_index' must lie in int32's range [-2147483648, 2147483647] (labels "
+                         f"are compared as int32), but got {value}.")
+
+
 INT_DTYPES = (ms.int32, ms.int64)
 
 

@@ -43,7 +43,7 @@ def _check_options(temperature, reduction, beta, ignore_index, backend, name):
     _validation.check_temperature(temperature, name)
     _validation.check_reduction(reduction, True, name, DISTILL_REDUCTIONS)
     _validation.check_number(beta, "beta", name, 0.0, 1.0)
-    _validation.check_int(ignore_index, "ignore_index", name)
+    _validation.check_ignore_index(ignore_index, name)
     # Up front: the composition reaches kl_div (which would check it) only after both log-softmaxes.
     _validation.check_backend(backend, name)
     check_name(backend, name)
@@ -488,7 +488,7 @@ def distillation_loss(student_logits, teacher_logits, temperature=1.0, reduction
         labels (Tensor, optional): int32/int64 labels of the logits' leading shape (one per row/token); rows
             whose label equals `ignore_index` contribute 0 and are left out of the counts; all rows ignored gives
             0. Needs logits of one shape. Default: ``None``.
-        ignore_index (int, optional): The label of ignored rows. Default: ``-100``.
+        ignore_index (int, optional): The label of ignored rows, within int32's range. Default: ``-100``.
         divergence (str, optional): ``'kl'`` (the family above, by `beta`), ``'tvd'`` (:math:`\tfrac12\sum|P_s -
             P_t|`, Liger's ``LigerTVDLoss``), ``'skew_kl'`` (:math:`\mathrm{KL}(P_t \| \alpha P_t + (1-\alpha) P_s)`)
             / ``'skew_rkl'`` (:math:`\mathrm{KL}(P_s \| \alpha P_s + (1-\alpha) P_t)`, DistiLLM), ``'symmetric_kl'``

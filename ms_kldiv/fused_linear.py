@@ -544,7 +544,7 @@ class FusedLinearDistillationLoss(FullPrecisionCell, nn.Cell):
         _validation.check_number(beta, "beta", _NAME, 0.0, 1.0)
         _validation.check_number(hard_weight, "hard_weight", _NAME, 0.0)
         _validation.check_number(soft_weight, "soft_weight", _NAME, 0.0)
-        _validation.check_int(ignore_index, "ignore_index", _NAME)
+        _validation.check_ignore_index(ignore_index, _NAME)
         for arg, value in (("chunk_size", chunk_size), ("chunk_bytes", chunk_bytes)):
             if value is not None and (not _validation.is_integer(value) or value < 1):
                 raise ValueError(f"For '{_NAME}', '{arg}' must be None or a positive int, but got {value!r}.")

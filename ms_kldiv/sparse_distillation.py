@@ -30,7 +30,7 @@ def _check_options(mode, temperature, teacher_temperature, beta, reduction, igno
         raise ValueError(f"For '{name}', 'reduction' 'mean' (divide by rows x V) has no meaning for a sparse "
                          f"teacher; use 'batchmean' or 'tokenmean'.")
     _validation.check_reduction(reduction, True, name, SPARSE_REDUCTIONS)
-    _validation.check_int(ignore_index, "ignore_index", name)
+    _validation.check_ignore_index(ignore_index, name)
     _validation.check_backend(backend, name)
     check_name_const(backend, name)
 

@@ -343,7 +343,8 @@ _BAD_OPTIONS = {
                   ("Mean", ValueError), ("", ValueError)],
     "beta": [(1.5, ValueError), (-0.1, ValueError), (float("nan"), ValueError), ("0.5", TypeError),
              (True, TypeError), (None, TypeError)],
-    "ignore_index": [(1.0, TypeError), (None, TypeError), (True, TypeError), ("-100", TypeError)],
+    "ignore_index": [(1.0, TypeError), (None, TypeError), (True, TypeError), ("-100", TypeError),
+                     (2**32 - 100, ValueError)],
     "backend": [("quantum", ValueError), ("", ValueError), ("AOT", ValueError), (["auto"], TypeError),
                 (None, TypeError), (3, TypeError)],
 }

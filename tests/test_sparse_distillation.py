@@ -389,6 +389,7 @@ LOGP = Tensor(np.array([[-0.5, -1.5], [-0.1, 0.0]], np.float32))
     (dict(temperature=0.0), (), ValueError, "'temperature'"),
     (dict(teacher_temperature=-1.0), (), ValueError, "'teacher_temperature'"),
     (dict(beta=1.5), (), ValueError, "'beta'"),
+    (dict(ignore_index=2**32 - 100), (), ValueError, "'ignore_index' must lie in int32's range"),
     (dict(backend="nope"), (), ValueError, "backend"),
     (dict(), (S, Tensor(np.array([[0.0, 1.0], [2.0, 3.0]], np.float32)), LOGP), TypeError, "'teacher_ids'"),
     (dict(), (S, IDS, Tensor(np.array([[1, 2], [3, 4]], np.int32))), TypeError, "'teacher_values'"),
