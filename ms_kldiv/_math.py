@@ -165,6 +165,26 @@ def narrowed_to_int32(x, below):
     return ops.where(ops.cast(narrow, x.dtype) == x, narrow, outside)
 
 
+def over_count(total, count):
+    """``total / count``; 0 where the count is 0 (the counted rows' weights sum to 0, no token counted in the whole
+    batch: as an all-ignored batch gives); NaN where it is negative or NaN (compiled code cannot raise on values:
+    a bad ``num_items_in_batch`` or weight makes the loss NaN, never a clean-looking 0). Half types divide in
+    float32: MindSpore's CPU comparisons and selects have no bfloat16 kernels."""
+    dtype = ms.float32 if total.dtype in (ms.float16, ms.bfloat16) else total.dtype
+    count = ops.cast(count, dtype)
+    positive = count > 0
+    loss = ops.where(positive, ops.cast(total, dtype) / ops.where(positive, count, 1.0),
+                     ops.where(count == 0, 0.0, float("nan")))
+    return loss if dtype == total.dtype else ops.cast(loss, total.dtype)
+
+
+def checked_weights(weights, dtype):
+    """Row weights in ``dtype``, a negative one NaN: compiled code cannot raise on values (PyNative has raised
+    already), so such a row's loss, the mean and their gradients are NaN instead of silently weighted."""
+    negative = ops.cast(weights, ms.float32) < 0
+    return ops.where(negative, float("nan"), ops.cast(weights, dtype))
+
+
 def no_class_column(rows, dtype):
     """One -inf column [R, 1] of ``dtype`` (no mass, no class) shaped after ``rows`` [R, 1]: what an empty vocabulary
     slice computes on, since the reductions, gathers and scatters over the classes need a column. Built from

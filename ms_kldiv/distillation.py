@@ -11,7 +11,7 @@ import mindspore as ms
 from mindspore import nn, ops
 from mindspore.ops import constexpr
 
-from . import _validation
+from . import _math, _validation
 from ._compat import FullPrecisionCell
 from ._distill_math import KL, Variant, _pairwise, constants, log_mixture, log_softmax_plain, transformed
 from .backends import _device_target_const, check_name, choice_cache, compiled, distill, get_distill_kernels
@@ -245,7 +245,7 @@ def _reduce(total, student_logits, reduction, keep, weights=None):
         counted = ops.sum(weights if keep is None else ops.where(keep, weights, 0.0))
         if reduction == "mean":
             counted = counted * _count(_known_numel(shape[-1:]), student_logits, "vocab", total)
-        loss = over_count(total, counted)
+        loss = _math.over_count(total, counted)
     elif keep is not None:
         counted = ops.sum(ops.cast(keep, total.dtype))
         if reduction == "mean":
@@ -286,8 +286,9 @@ def _upcasts(device):
 
 
 def _row_weights(weights, keep, dtype):
-    """The weights in ``dtype`` with ignored rows' set to 0 (a NaN weight there must not reach anything)."""
-    w = ops.cast(weights, dtype)
+    """The weights in ``dtype`` (a negative one NaN, ``_math.checked_weights``) with ignored rows' set to 0 (a bad
+    weight there must not reach anything)."""
+    w = _math.checked_weights(weights, dtype)
     return w if keep is None else ops.where(keep, w, 0.0)
 
 
@@ -331,18 +332,8 @@ def _distill(student_logits, teacher_logits, temperature, reduction, beta, label
         loss = _distill_whole(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index,
                               backend, dtype, variant, weights)
     if num_items is not None:
-        loss = over_count(loss, num_items)
+        loss = _math.over_count(loss, num_items)
     return loss
-
-
-def over_count(total, count):
-    """``total / count``, 0 where the count is 0 (the counted rows' weights sum to 0; no token counted in the whole
-    batch, ``num_items_in_batch``), as an all-ignored batch gives. Half types divide in float32: MindSpore's CPU
-    comparisons and selects have no bfloat16 kernels."""
-    dtype = ms.float32 if total.dtype in _validation.HALF_DTYPES else total.dtype
-    count = ops.cast(count, dtype)
-    loss = ops.where(count > 0, ops.cast(total, dtype) / ops.where(count > 0, count, 1.0), 0.0)
-    return loss if dtype == total.dtype else ops.cast(loss, total.dtype)
 
 
 def _distill_whole(student_logits, teacher_logits, temperature, reduction, beta, labels, ignore_index, backend,

@@ -225,8 +225,8 @@ class _ChunkLoop(nn.Cell):
         zero = ops.zeros((), f32)
         student = (ops.zeros_like(hs), ops.zeros_like(ws), ops.zeros_like(bs)) if self.student else (zero,) * 3
         teacher = (ops.zeros_like(ht), ops.zeros_like(wt), ops.zeros_like(bt)) if self.teacher else (zero,) * 3
-        # the 0-d scale: 1 / the counted rows' weights (0 when they sum to 0: nothing is counted)
-        scale = ops.where(count > 0, 1.0 / ops.where(count > 0, count, 1.0), 0.0)
+        # the 0-d scale: 1 / the counted rows' weights (0 when they sum to 0: nothing is counted; NaN for a bad count)
+        scale = _math.over_count(ops.ones_like(count), count)
         vocab = self._vocab(ws)
         carry = (hs, ws, bs, ht, wt, bt, labels, weights, scale, offsets, vocab, zero) + student + teacher
         out = ops.ForiLoop()(0, chunks, self.step, carry, unroll=False)[11:]
@@ -540,6 +540,7 @@ class FusedLinearDistillationLoss(FullPrecisionCell, nn.Cell):
         super().__init__()
         _validation.check_vocab_parallel(vocab_parallel_group, "tokenmean", _NAME)
         self.vocab_parallel_group = vocab_parallel_group
+        self.whole_vocab = vocab_parallel_group is None  # (a rank's slice may be empty)
         _validation.check_temperature(temperature, _NAME)
         _validation.check_number(beta, "beta", _NAME, 0.0, 1.0)
         _validation.check_number(hard_weight, "hard_weight", _NAME, 0.0)
@@ -598,7 +599,7 @@ class FusedLinearDistillationLoss(FullPrecisionCell, nn.Cell):
     def construct(self, student_hidden, student_weight, teacher_hidden, teacher_weight, labels=None,
                   student_bias=None, teacher_bias=None, weights=None, num_items_in_batch=None):
         _check_inputs(student_hidden, student_weight, teacher_hidden, teacher_weight, labels, student_bias,
-                      teacher_bias, self.hard_weight, _NAME)
+                      teacher_bias, self.hard_weight, _NAME, self.whole_vocab)
         return self._run(self.core, student_hidden, student_weight, student_bias, _rows(teacher_hidden),
                          teacher_weight, teacher_bias, labels, weights, num_items_in_batch)
 
@@ -608,7 +609,7 @@ class FusedLinearDistillationLoss(FullPrecisionCell, nn.Cell):
         states and head; the teacher is frozen (no gradient). Under GRAPH_MODE call it from a Cell's construct."""
         name = f"{_NAME}.from_teacher_logits"
         _check_inputs(student_hidden, student_weight, teacher_logits, None, labels, student_bias, None,
-                      self.hard_weight, name, teacher_is_logits=True)
+                      self.hard_weight, name, self.whole_vocab, teacher_is_logits=True)
         logits = ops.stop_gradient(_rows(teacher_logits))
         unused = ops.zeros((1, 1), ms.float32)
         return self._run(self.core_from_logits, student_hidden, student_weight, student_bias, logits, unused,
@@ -625,7 +626,7 @@ class FusedLinearDistillationLoss(FullPrecisionCell, nn.Cell):
         if self._stored_error is not None:
             raise self._stored_error
         _check_inputs(student_hidden, student_weight, student_hidden, None, labels, student_bias, None,
-                      self.hard_weight, name, teacher_is_logits=True, vocab_check=False)
+                      self.hard_weight, name, self.whole_vocab, teacher_is_logits=True, vocab_check=False)
         _validation.check_stored_teacher(teacher_ids, teacher_values, ops.shape(student_hidden)[:-1],
                                          self.stored_mode, name)
         if not compiled(teacher_ids):
@@ -666,7 +667,7 @@ class FusedLinearDistillationLoss(FullPrecisionCell, nn.Cell):
             weights = ops.ones_like(ops.cast(labels, ms.float32))
         else:
             # the counted rows' weights sum to the count the means divide by
-            weights = ops.cast(ops.reshape(weights, (-1,)), ms.float32)
+            weights = _math.checked_weights(ops.reshape(weights, (-1,)), ms.float32)
             count = ops.sum(ops.where(labels != self.ignore_index, weights, 0.0))
         if num_items is not None:  # the caller's count: the whole global batch's tokens (docs/vocab_parallel.md)
             count = ops.cast(num_items, ms.float32)
@@ -720,11 +721,13 @@ def _rows(hidden):
     return ops.reshape(hidden, (-1, hidden.shape[-1])) if hidden.ndim != 2 else hidden
 
 
-def _check_inputs(hs, ws, ht, wt, labels, bs, bt, hard_weight, name, teacher_is_logits=False, vocab_check=True):
-    """Every argument check, before anything runs. ``teacher_is_logits``: ``ht`` holds the teacher's logits."""
+def _check_inputs(hs, ws, ht, wt, labels, bs, bt, hard_weight, name, whole_vocab, teacher_is_logits=False,
+                  vocab_check=True):
+    """Every argument check, before anything runs. ``teacher_is_logits``: ``ht`` holds the teacher's logits;
+    ``whole_vocab``: the weights hold every class (not a rank's slice, which may be empty)."""
     d = _validation.described
-    _checked_inputs(d(hs), d(ws), d(ht), d(wt), d(labels), d(bs), d(bt), hard_weight, name, teacher_is_logits,
-                    vocab_check)
+    _checked_inputs(d(hs), d(ws), d(ht), d(wt), d(labels), d(bs), d(bt), hard_weight, name, whole_vocab,
+                    teacher_is_logits, vocab_check)
 
 
 @_validation.on_host
@@ -735,7 +738,7 @@ def _checked_run_inputs(student_hidden, weights, num_items):
 
 
 @_validation.on_host
-def _checked_inputs(hs, ws, ht, wt, labels, bs, bt, hard_weight, name, teacher_is_logits, vocab_check):
+def _checked_inputs(hs, ws, ht, wt, labels, bs, bt, hard_weight, name, whole_vocab, teacher_is_logits, vocab_check):
     """_check_inputs on the host. The shapes are checked on their static form (``ops.shape``: -1 for a dynamic
     dimension) at compile time: a check on a dynamic dimension's run-time value would leave a raise in the graph."""
     is_tensor, shape_of = _validation.is_tensor, _validation.shape_of
@@ -754,11 +757,11 @@ def _checked_inputs(hs, ws, ht, wt, labels, bs, bt, hard_weight, name, teacher_i
         raise TypeError(f"For '{name}', 'labels' must be an int32 or int64 Tensor.")
     _check_shapes(shape_of(hs), shape_of(ws), shape_of(ht), None if teacher_is_logits else shape_of(wt),
                   None if labels is None else shape_of(labels), None if bs is None else shape_of(bs),
-                  None if bt is None else shape_of(bt), hard_weight != 0, name, vocab_check)
+                  None if bt is None else shape_of(bt), hard_weight != 0, name, whole_vocab, vocab_check)
 
 
 @constexpr(check=False)
-def _check_shapes(hs, ws, ht, wt, labels, bs, bt, hard, name, vocab_check):
+def _check_shapes(hs, ws, ht, wt, labels, bs, bt, hard, name, whole_vocab, vocab_check):
     """The shape checks of ``_check_inputs`` on static shapes (``wt`` None: ``ht`` is the teacher's logits)."""
     hs, ws, ht = tuple(hs), tuple(ws), tuple(ht)
     vocab = ws[0] if len(ws) == 2 else None
@@ -767,6 +770,11 @@ def _check_shapes(hs, ws, ht, wt, labels, bs, bt, hard, name, vocab_check):
                          f"{'' if wt is None else f' and {tuple(wt)}'}.")
     if len(hs) < 2 or len(ht) < 2:
         raise ValueError(f"For '{name}', hidden states must be [N, H] or [B, S, H], but got {hs}, {ht}.")
+    if whole_vocab and vocab == 0:
+        raise ValueError(f"For '{name}', 'student_weight' {ws} has no classes (V = 0).")
+    if ws[1] == 0 or (wt is not None and tuple(wt)[1] == 0):
+        raise ValueError(f"For '{name}', the hidden size must be at least 1, but the head weights are {ws}"
+                         f"{'' if wt is None else f' and {tuple(wt)}'}.")
     if hs[-1] != ws[1]:
         raise ValueError(f"For '{name}', 'student_hidden' {hs} does not match 'student_weight' {ws}.")
     if wt is not None and (ht[-1] != wt[1] or wt[0] != vocab):

@@ -11,12 +11,12 @@ import functools
 import mindspore as ms
 from mindspore import nn, ops
 
-from . import _validation
+from . import _math, _validation
 from ._compat import FullPrecisionCell
 from ._sparse_math import int32_ids
 from .backends import _device_target_const, check_name_const, choice_cache, compiled, get_kernels, sparse
 from .backends.vocab_parallel import SlicedSparseKernels, vocab_group
-from .distillation import _reduce, over_count
+from .distillation import _reduce
 from .reference import SPARSE_REDUCTIONS
 
 _NAME = "sparse_distillation_loss"
@@ -122,7 +122,7 @@ def _sparse(student_logits, teacher_ids, teacher_values, mode, temperature, teac
     if reduction == "none":
         loss = rows
     elif num_items is not None:  # the caller's count (e.g. the whole global batch's tokens)
-        loss = over_count(_reduce(ops.sum(rows), student_logits, "sum", keep), num_items)
+        loss = _math.over_count(_reduce(ops.sum(rows), student_logits, "sum", keep), num_items)
     else:
         loss = _reduce(ops.sum(rows), student_logits, reduction, keep)
     return loss if loss.dtype == dtype else ops.cast(loss, dtype)

@@ -342,3 +342,61 @@ def test_numpy_scalar_options_of_every_loss(mode):
     for bad in ({"temperature": np.bool_(True)}, {"beta": np.array([0.5])}):
         with pytest.raises(TypeError, match=list(bad)[0]):
             ms_kldiv.distillation_loss(s, t, **bad)
+
+
+class _WeightedLosses(nn.Cell):
+    """Each loss that takes row weights or a count, called on the same rows (the head on hidden states whose
+    logits are the rows)."""
+
+    def __init__(self, backend):
+        super().__init__()
+        self.dense = DistillationLoss(2.0, backend=backend)
+        self.head = ms_kldiv.FusedLinearDistillationLoss(2.0, backend=backend, chunk_size=2)
+        self.backend = backend
+
+    def construct(self, s, t, ids, values, eye, weights, count):
+        return (self.dense(s, t, None, weights), self.dense(s, t, None, None, count),
+                ms_kldiv.sparse_distillation_loss(s, ids, values, mode="tail", temperature=2.0,
+                                                  backend=self.backend, num_items_in_batch=count),
+                self.head(s, eye, t, eye, None, None, None, weights), self.head(s, eye, t, eye, None, None, None, None,
+                                                                               count))
+
+
+@pytest.mark.parametrize("backend", DISTILL_BACKENDS)
+@pytest.mark.parametrize("mode", ["jit", "graph"])
+def test_bad_weights_and_counts_compiled_give_nan(backend, mode):
+    """Compiled code cannot raise on values (PyNative raises ValueError): a negative or NaN row weight, or a
+    negative or NaN num_items_in_batch, makes the loss and its gradient NaN in every loss, never the clean-looking 0
+    of 'nothing counted' (what it gave before); valid ones still match float64, and a count of 0 still gives 0."""
+    rng = np.random.default_rng(5)
+    s_np, t_np = rng.normal(size=(4, 5)), rng.normal(size=(4, 5))
+    s, t = ms.Tensor(s_np, ms.float32), ms.Tensor(t_np, ms.float32)
+    ids = ms.Tensor(np.argsort(-t_np, -1)[:, :2].astype(np.int32))
+    values = ms.Tensor(np.take_along_axis(reference.log_softmax(t_np), np.argsort(-t_np, -1)[:, :2], -1), ms.float32)
+    eye = ms.Tensor(np.eye(5), ms.float32)
+    net = _WeightedLosses(backend)
+    grad = ms.value_and_grad(net, grad_position=0)
+    if mode == "jit":
+        grad = ms.jit(grad)
+
+    def run(weights, count):
+        args = (s, t, ids, values, eye, ms.Tensor(np.array(weights, np.float32)), ms.Tensor(count, ms.float32))
+        if mode == "graph":
+            with graph_mode():
+                return grad(*args)
+        return grad(*args)
+
+    (losses, d_s) = run([1.0, 2.0, 0.5, 1.0], 3.0)
+    rows = reference.distillation_loss(s_np, t_np, 2.0, "none").sum(-1)
+    want = (np.sum(rows * [1.0, 2.0, 0.5, 1.0]) / 4.5, np.sum(rows) / 3.0, None, np.sum(rows * [1.0, 2.0, 0.5, 1.0])
+            / 4.5, np.sum(rows) / 3.0)
+    for got, w in zip(losses, want):
+        if w is not None:
+            np.testing.assert_allclose(float(to_numpy(got)), w, rtol=1e-5)
+    assert np.isfinite(to_numpy(d_s)).all()
+    assert all(float(to_numpy(v)) == 0.0 for v in run([1.0, 2.0, 0.5, 1.0], 0.0)[0][1:3] + run([0.0] * 4, 3.0)[0][::3])
+    for weights, count in (([1.0, -1.0, 0.5, 1.0], float("nan")), ([1.0, float("nan"), 0.5, 1.0], -4.0),
+                           ([-1.0, -1.0, -1.0, -1.0], -1.0), ([1.0, -1.0, 0.5, -0.5], float("nan"))):
+        losses, d_s = run(weights, count)
+        assert all(np.isnan(float(to_numpy(v))) for v in losses), (weights, count, [to_numpy(v) for v in losses])
+        assert np.isnan(to_numpy(d_s)).any(), (weights, count)

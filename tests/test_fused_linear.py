@@ -174,6 +174,25 @@ def test_bad_inputs_raise_before_running():
         loss_fn(hs, ws, ht, wt, labels, bs, bt[:5])
 
 
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+@pytest.mark.parametrize("backend", ["composite", "auto"])
+def test_empty_vocabulary_or_hidden_size_raise(mode, backend):
+    """A head without classes (V = 0) or hidden features (H = 0): a ValueError naming the weights, at compile time in
+    GRAPH_MODE (before: an uninitialised number from composite, 0 from aot, an IndexError for H = 0)."""
+    rng = np.random.default_rng(0)
+    labels = ms.Tensor(np.zeros(4, np.int32))
+    for (v, h), match in (((0, 6), r"'student_weight' \(0, 6\) has no classes"), ((5, 0), "hidden size")):
+        hs, ht = (ms.Tensor(rng.normal(size=(4, h)), ms.float32) for _ in range(2))
+        ws, wt = (ms.Tensor(rng.normal(size=(v, h)), ms.float32) for _ in range(2))
+        net = Net(FusedLinearDistillationLoss(backend=backend))
+        with pytest.raises(ValueError, match=match):
+            if mode == "graph":
+                with graph_mode():
+                    net(hs, ws, ht, wt, labels, None, None)
+            else:
+                net(hs, ws, ht, wt, labels, None, None)
+
+
 def test_default_chunk_bounds_the_logits():
     """256 rows, fewer where both models' float32 logits would pass 256 MB; never more than the rows."""
     assert default_chunk_size(4096, 32000) == 256

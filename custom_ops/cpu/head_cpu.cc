@@ -325,7 +325,9 @@ int run(bool student, int nparam, void **params, int *ndims, int64_t **shapes, c
   const int32_t *labels = static_cast<const int32_t *>(params[6]);
   const float *row_weights = static_cast<const float *>(params[7]);
   const float count = *static_cast<const float *>(params[8]);
-  const double scale = count > 0.0f ? 1.0 / count : 0.0;
+  // 0 when nothing is counted; NaN for a negative or NaN count (a bad num_items_in_batch in compiled code, which
+  // cannot raise on values): the loss and every gradient NaN, never a clean-looking 0 (ms_kldiv._math.over_count)
+  const double scale = count > 0.0f ? 1.0 / count : count == 0.0f ? 0.0 : NAN;
   const int64_t ignore_index = static_cast<int64_t>(hyper[kIgnoreIndex]);
   const double hard_weight = student ? hyper[kHardWeight] : 0.0, soft_weight = hyper[kSoftWeight];
   const bool mark = hyper[kMark] != 0.0;
