@@ -275,6 +275,50 @@ def test_float32_sum_accuracy_32m(mode, data_32m):
     assert abs(got - want) <= 1e-6 * abs(want), (got, want)
 
 
+@pytest.fixture(scope="module")
+def cancelling_4m():
+    """4M terms of about +-1000 (targets in (0.5, 1), inputs far from log t, rows of one sign) cancelling to about 4e4,
+    per (dtype, log_target): the operands, the float64 terms of the values they hold, drawn once per module."""
+    cache = {}
+
+    def get(dtype, log_target):
+        if (dtype, log_target) not in cache:
+            rng = np.random.default_rng(17)
+            shape = (2048, 2048)
+            p = rng.uniform(0.5, 1.0, shape)
+            mag = rng.uniform(900.0, 1100.0, (shape[0] // 2, shape[1]))  # rows of one sign, as many of each
+            term = rng.permutation(np.concatenate([mag, -rng.permutation(mag)])) + 0.01
+            x = np.log(p) - term / p  # p * (log p - x) == term
+            xt, xv = make(x, dtype)
+            tt, tv = make(np.log(p) if log_target else p, dtype)
+            cache[(dtype, log_target)] = (xt, tt, ref.kl_div(xv, tv, "none", log_target))
+        return cache[(dtype, log_target)]
+    return get
+
+
+# Each (dtype, target space) eagerly and in one compiled mode, ms.jit and GRAPH_MODE taking turns.
+CANCEL_CASES = [pytest.param(mode, dtype, lt, id=f"{mode}-{dtype}-{'logt' if lt else 'prob'}")
+                for i, (dtype, lt) in enumerate((d, lt) for d in (ms.float32, ms.float16) for lt in (False, True))
+                for mode in ("pynative", ("jit", "graph")[i % 2])]
+
+
+@pytest.mark.parametrize("mode, dtype, log_target", CANCEL_CASES)
+def test_sum_of_cancelling_terms(mode, dtype, log_target, cancelling_4m):
+    # The reduced forward adds float32 terms in float64 (docs/SPEC.md, "Shapes and dtypes"): when terms of both
+    # signs cancel, the error stays at the terms' own rounding, sqrt(sum of term^2) * 2^-24 times a few (random signs),
+    # however far the total is below the sum of |term| (here 1e5 times). Added in float32 lanes (64 or 128 terms, then
+    # a double) the totals were 50-400 times that, and a log folded with the input biased every term the same way.
+    xt, tt, terms = cancelling_4m(dtype, log_target)
+    res = run(mode, "aot", xt, tt, log_target, reductions=("sum", "mean", "batchmean"), grads=False)
+    rounding = np.sqrt(np.sum(terms * terms)) * 2.0**-24
+    out_eps = 2.0**-24 if dtype == ms.float32 else 2.0**-11  # the output's own rounding
+    for reduction, scale in (("sum", 1.0), ("mean", 1.0 / terms.size), ("batchmean", 1.0 / terms.shape[0])):
+        want = float(np.sum(terms)) * scale
+        got = float(to_numpy(res[reduction].out))
+        err = abs(got - want)
+        assert err <= 8 * rounding * scale + out_eps * abs(want), (reduction, got, want, err / (rounding * scale))
+
+
 def _python(code, env_extra, cwd, timeout=300):
     return _procs.run([sys.executable, "-c", code], timeout, env=_procs.with_repo_path(dict(os.environ, **env_extra)),
                       cwd=cwd)

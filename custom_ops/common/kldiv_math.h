@@ -93,8 +93,9 @@ KLDIV_HD C loss_term(C x, C t, bool log_target) {
   return kselect(m, t, C(0)) * (klog(ts) - xs);
 }
 
-// log t - x. A vector type may overload it to fold the subtraction into its log (the CPU kernels' lean sums:
-// custom_ops/cpu/kldiv_simd_avx2.h), which costs a rounding or two: only sums use it, never an output element.
+// log t - x, with log t whole before x joins. (Folding x into the CPU inline log's table term, ahead of its small
+// parts, saved no operation and rounded those parts at x's magnitude with an error of one sign: with large x the terms
+// of a sum were biased, 7e-5 relative for 4M terms of +-1000 cancelling to 6e5.)
 template <typename C>
 KLDIV_HD C klog_sub(C t, C x) { return klog(t) - x; }
 

@@ -130,16 +130,6 @@ KLDIV_SIMD_FN __m256 log_normal(__m256 x) {
   const LogParts p = log_parts(x);
   return _mm256_add_ps(p.head, _mm256_fmadd_ps(p.r2, p.q, p.r));
 }
-// log(x) - y for the lean sums, whose loops are bound by the vector operations each element takes: y comes off the
-// table term while the polynomial is evaluated, and r joins before the last FMA, which makes the chain, and so the
-// sum (with LeanSumCheck), shorter than with log_normal(x) - y. The price is
-// roundings at a larger magnitude: up to 3.8 ulp of max(|log x|, |y|) where log_normal(x) - y has 2.5 (sweeps over
-// every x in [2^-42, 4) for five y; 2.39 ulp of log x for y = 0), so no output element is computed this way.
-KLDIV_SIMD_FN __m256 log_parts_sub(const LogParts& p, __m256 y) {
-  return _mm256_fmadd_ps(p.r2, p.q, _mm256_add_ps(p.r, _mm256_sub_ps(p.head, y)));
-}
-KLDIV_SIMD_FN __m256 log_normal_sub(__m256 x, __m256 y) { return log_parts_sub(log_parts(x), y); }
-
 // Every input, as logf defines it: subnormals are scaled into the normal range first, then
 // 0 -> -inf, negative -> NaN, +inf -> +inf, NaN -> NaN.
 KLDIV_SIMD_FN __m256 log_any(__m256 x) {
@@ -192,21 +182,31 @@ struct LeanSumCheck {
   static_assert(kMaxTerms <= 4096, "the 2^-80 threshold is sized for blocks of at most 4096 terms");
   __m256i top = _mm256_setzero_si256();  // unsigned maximum of the targets' bits: sign bit set when any target's is
   inline void add(__m256 t) { top = _mm256_max_epu32(top, _mm256_castps_si256(t)); }
-  inline bool ok(float total) const {
+  inline bool ok(double total) const {
     if (!std::isfinite(total) || _mm256_movemask_ps(_mm256_castsi256_ps(top)) != 0) return false;
-    return std::fabs(total) >= 0x1p-80f || _mm256_testz_si256(top, top);
+    return std::fabs(total) >= 0x1p-80 || _mm256_testz_si256(top, top);
   }
 };
 
 KLDIV_SIMD_T Vec8<E> klog(Vec8<E> a) { return E ? log_any(a.v) : log_normal(a.v); }
-KLDIV_SIMD_FN F8 klog_sub(F8 t, F8 x) { return log_normal_sub(t.v, x.v); }
 KLDIV_SIMD_T Vec8<E> kexp(Vec8<E> a) { return _ZGVdN8v_expf(a.v); }
 
-KLDIV_SIMD_FN float hsum(__m256 a) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  const __m128 s2 = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
-}
+// A float32 sum accumulated in double: each vector of short float partials (kldiv_kernels.inc's runs of kRun terms)
+// is widened into two vectors of 4 doubles (one conversion each; the upper half takes one extract). A long float32
+// partial rounds at its own magnitude, which for terms of both signs can be far above the total's: then the sum is
+// off by the partials' rounding, not the terms'.
+struct DoubleSum {
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+  inline void add(__m256 v) {
+    lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+    hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+  }
+  inline double total() const {
+    const __m256d s = _mm256_add_pd(lo, hi);
+    const __m128d s1 = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(s1, _mm_unpackhi_pd(s1, s1)));
+  }
+};
 
 #undef KLDIV_SIMD_T
 #undef KLDIV_SIMD_FN

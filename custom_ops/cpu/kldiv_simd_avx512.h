@@ -72,7 +72,7 @@ KLDIV_SIMD_T Vec16<E> safe_target(M16 m, Vec16<E> t, bool log_target) {
 
 KLDIV_SIMD_T Vec16<E> mul_add(Vec16<E> a, Vec16<E> b, Vec16<E> c) { return _mm512_fmadd_ps(a.v, b.v, c.v); }
 
-// kldiv_simd_avx2.h's log_split / log_poly / log_parts_sub on 16 lanes. vpermps on 16 lanes reads the low 4 bits
+// kldiv_simd_avx2.h's log_split / log_poly on 16 lanes. vpermps on 16 lanes reads the low 4 bits
 // of n = 8e + k, so each 8-entry table is repeated in both halves of its register.
 struct LogParts {
   __m512 head;      // e*ln2 + log c
@@ -100,11 +100,6 @@ KLDIV_SIMD_FN __m512 log_normal(__m512 x) {
   const LogParts p = log_parts(x);
   return _mm512_add_ps(p.head, _mm512_fmadd_ps(p.r2, p.q, p.r));
 }
-KLDIV_SIMD_FN __m512 log_normal_sub(__m512 x, __m512 y) {
-  const LogParts p = log_parts(x);
-  return _mm512_fmadd_ps(p.r2, p.q, _mm512_add_ps(p.r, _mm512_sub_ps(p.head, y)));
-}
-
 // Every input, as logf defines it (the same steps as kldiv_simd_avx2.h's log_any, with mask registers).
 KLDIV_SIMD_FN __m512 log_any(__m512 x) {
   const __m512 zero = _mm512_setzero_ps();
@@ -141,22 +136,24 @@ struct LeanSumCheck {
   static_assert(kMaxTerms <= 4096, "the 2^-80 threshold is sized for blocks of at most 4096 terms");
   __m512i top = _mm512_setzero_si512();  // unsigned maximum of the targets' bits
   inline void add(__m512 t) { top = _mm512_max_epu32(top, _mm512_castps_si512(t)); }
-  inline bool ok(float total) const {
+  inline bool ok(double total) const {
     if (!std::isfinite(total) || _mm512_movepi32_mask(top) != 0) return false;
-    return std::fabs(total) >= 0x1p-80f || _mm512_test_epi32_mask(top, top) == 0;
+    return std::fabs(total) >= 0x1p-80 || _mm512_test_epi32_mask(top, top) == 0;
   }
 };
 
 KLDIV_SIMD_T Vec16<E> klog(Vec16<E> a) { return E ? log_any(a.v) : log_normal(a.v); }
-KLDIV_SIMD_FN Lean16 klog_sub(Lean16 t, Lean16 x) { return log_normal_sub(t.v, x.v); }
 KLDIV_SIMD_T Vec16<E> kexp(Vec16<E> a) { return _ZGVeN16v_expf(a.v); }
 
-KLDIV_SIMD_FN float hsum(__m512 a) {
-  const __m256 s = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
-  const __m128 s1 = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-  const __m128 s2 = _mm_add_ps(s1, _mm_movehl_ps(s1, s1));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
-}
+// kldiv_simd_avx2.h's DoubleSum on 16 lanes: two vectors of 8 doubles.
+struct DoubleSum {
+  __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
+  inline void add(__m512 v) {
+    lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(v)));
+    hi = _mm512_add_pd(hi, _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)));
+  }
+  inline double total() const { return _mm512_reduce_add_pd(_mm512_add_pd(lo, hi)); }
+};
 
 #undef KLDIV_SIMD_T
 #undef KLDIV_SIMD_FN
