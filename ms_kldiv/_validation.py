@@ -211,8 +211,18 @@ def check_number(value, arg_name, name, low=-math.inf, high=math.inf, low_open=F
         raise ValueError(f"For '{name}', '{arg_name}' must be a finite number in {bound}, but got {value!r}.")
 
 
+#: The range of a temperature, softcap or logit scale: the kernels compute in float32, where such a scale's square
+#: and inverse must stay finite and normal (outside it backends gave NaN, 0 or the untransformed loss, differently).
+SCALE_RANGE = (2.0**-60, 2.0**60)
+
+
+def check_scale(value, arg_name, name):
+    """A temperature, softcap or logit scale: a finite number in ``SCALE_RANGE``."""
+    check_number(value, arg_name, name, *SCALE_RANGE)
+
+
 def check_temperature(temperature, name):
-    check_number(temperature, "temperature", name, 0.0, math.inf, low_open=True)
+    check_scale(temperature, "temperature", name)
 
 
 def is_integer(value):
@@ -258,7 +268,7 @@ def check_stored_options(mode, teacher_temperature, beta, name):
         raise TypeError(f"For '{name}', 'mode' must be a str, but got {type(mode).__name__}: {mode!r}.")
     if mode not in SPARSE_MODES:
         raise ValueError(f"For '{name}', 'mode' must be one of {list(SPARSE_MODES)}, but got {mode!r}.")
-    check_number(teacher_temperature, "teacher_temperature", name, 0.0, math.inf, low_open=True)
+    check_scale(teacher_temperature, "teacher_temperature", name)
     check_number(beta, "beta", name, 0.0, 1.0)
     if mode == "sampled" and beta != 0:
         raise ValueError(f"For '{name}', mode 'sampled' estimates the forward KL only: 'beta' must be 0, but got "
@@ -409,8 +419,8 @@ def check_variant(divergence, alpha, softcap, logit_scale, beta, name):
     if divergence in ("skew_kl", "skew_rkl") and alpha == 1:
         raise ValueError(f"For '{name}', 'alpha' of {divergence!r} must be < 1 (1 compares a model with itself).")
     if softcap is not None:
-        check_number(softcap, "softcap", name, 0.0, math.inf, low_open=True)
-    check_number(logit_scale, "logit_scale", name, 0.0, math.inf, low_open=True)
+        check_scale(softcap, "softcap", name)
+    check_scale(logit_scale, "logit_scale", name)
     return Variant(divergence, float(alpha), float(softcap or 0.0), float(logit_scale))
 
 

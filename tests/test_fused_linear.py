@@ -146,6 +146,7 @@ def test_training_step_graph_mode_loss_falls():
     (dict(temperature=0.0), ValueError), (dict(temperature="2"), TypeError), (dict(backend="cuda"), ValueError), (dict(beta=1.5), ValueError),
     (dict(chunk_size=0), ValueError), (dict(ignore_index=1.5), TypeError), (dict(teacher_grad="yes"), TypeError),
     (dict(ignore_index=2**31 + 5), ValueError), (dict(ignore_index=2**63), ValueError),
+    (dict(softcap=1e-300), ValueError), (dict(temperature=1e30), ValueError),
     (dict(teacher_grad=1), TypeError),
 ])
 def test_bad_arguments(kwargs, error):

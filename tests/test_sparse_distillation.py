@@ -388,6 +388,7 @@ LOGP = Tensor(np.array([[-0.5, -1.5], [-0.1, 0.0]], np.float32))
     (dict(reduction="mean"), (), ValueError, "'mean'"),
     (dict(temperature=0.0), (), ValueError, "'temperature'"),
     (dict(teacher_temperature=-1.0), (), ValueError, "'teacher_temperature'"),
+    (dict(teacher_temperature=1e-40), (), ValueError, "'teacher_temperature'"),
     (dict(beta=1.5), (), ValueError, "'beta'"),
     (dict(ignore_index=2**32 - 100), (), ValueError, "'ignore_index' must lie in int32's range"),
     (dict(backend="nope"), (), ValueError, "backend"),
