@@ -218,7 +218,9 @@ SCALE_RANGE = (2.0**-60, 2.0**60)
 
 def check_scale(value, arg_name, name):
     """A temperature, softcap or logit scale: a finite number in ``SCALE_RANGE``."""
-    check_number(value, arg_name, name, *SCALE_RANGE)
+    check_number(value, arg_name, name)
+    if not SCALE_RANGE[0] <= value <= SCALE_RANGE[1]:
+        raise ValueError(f"For '{name}', '{arg_name}' must be a finite number in [2^-60, 2^60], but got {value!r}.")
 
 
 def check_temperature(temperature, name):

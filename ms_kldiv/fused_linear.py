@@ -589,7 +589,7 @@ class FusedLinearDistillationLoss(FullPrecisionCell, nn.Cell):
                 stored_kernels = (get_kernels("sparse_distillation", self.backend, caller=_NAME)[1] if group is None
                                   else SlicedSparseKernels(group))
             except RuntimeError as e:  # raised when from_teacher_topk is called
-                self._stored_error = e
+                self._stored_error = ("RuntimeError", str(e))
             else:
                 ratio = 1.0 if stored_mode == "sampled" else float(teacher_temperature) / self.temperature
                 self.core_from_stored = _FusedCore(stored_kernels, *args[1:], False,
@@ -624,11 +624,12 @@ class FusedLinearDistillationLoss(FullPrecisionCell, nn.Cell):
         GRAPH_MODE call it from a Cell's construct."""
         name = f"{_NAME}.from_teacher_topk"
         if self._stored_error is not None:
-            raise self._stored_error
+            _raise_deferred(*self._stored_error)
         _check_inputs(student_hidden, student_weight, student_hidden, None, labels, student_bias, None,
                       self.hard_weight, name, self.whole_vocab, teacher_is_logits=True, vocab_check=False)
-        _validation.check_stored_teacher(teacher_ids, teacher_values, ops.shape(student_hidden)[:-1],
-                                         self.stored_mode, name)
+        d = _validation.described
+        _checked_stored_teacher(d(teacher_ids), d(teacher_values), ops.shape(student_hidden)[:-1], self.stored_mode,
+                                name)
         if not compiled(teacher_ids):
             # (with a vocabulary split across ranks no rank knows V here: an id past it makes its row NaN)
             vocab = student_weight.shape[0] if self.vocab_parallel_group is None else 2**62
@@ -682,15 +683,29 @@ class FusedLinearDistillationLoss(FullPrecisionCell, nn.Cell):
                 f"backend={self.backend!r}")
 
 
+@_validation.on_host
+def _raise_deferred(kind, message):
+    """A stored-teacher configuration's error, raised when from_teacher_topk is used: on the host (graph code
+    cannot raise an exception object kept on the Cell: MindSpore failed converting it)."""
+    raise {"TypeError": TypeError, "ValueError": ValueError}.get(kind, RuntimeError)(message)
+
+
+@_validation.on_host
+def _checked_stored_teacher(teacher_ids, teacher_values, lead, mode, name):
+    """``_validation.check_stored_teacher`` on the host (in graph code its messages were re-quoted into a raise)."""
+    _validation.check_stored_teacher(teacher_ids, teacher_values, lead, mode, name)
+
+
 def _stored_options_error(mode, teacher_temperature, beta, variant):
-    """The error of a stored-teacher configuration that cannot work, or None (raised by from_teacher_topk)."""
+    """(the kind, the message) of the error of a stored-teacher configuration that cannot work, or None (raised by
+    from_teacher_topk)."""
     if variant != KL:
-        return ValueError(f"For '{_NAME}.from_teacher_topk', a stored teacher takes the 'kl' family (beta) without "
-                          f"a logits transform; got {variant}.")
+        return "ValueError", (f"For '{_NAME}.from_teacher_topk', a stored teacher takes the 'kl' family (beta) "
+                              f"without a logits transform; got {variant}.")
     try:
         _validation.check_stored_options(mode, teacher_temperature, beta, _NAME)
     except (TypeError, ValueError) as e:
-        return e
+        return type(e).__name__, str(e)
     return None
 
 

@@ -23,7 +23,9 @@ _NAME = "sparse_distillation_loss"
 _OP = "sparse_distillation"
 
 
+@_validation.on_host
 def _check_options(mode, temperature, teacher_temperature, beta, reduction, ignore_index, backend, name):
+    """The options (on the host: in graph code the messages were otherwise re-quoted into a compiled raise)."""
     _validation.check_stored_options(mode, teacher_temperature, beta, name)
     _validation.check_temperature(temperature, name)
     if isinstance(reduction, str) and reduction == "mean":

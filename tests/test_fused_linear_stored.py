@@ -171,3 +171,25 @@ def test_head_stored_errors():
         head.from_teacher_topk(h, w, Tensor(np.zeros((2, 2), np.int32)), values)
     with pytest.raises(TypeError, match="'teacher_values'"):
         head.from_teacher_topk(h, w, ids, Tensor(np.zeros((3, 2), np.int32)))
+
+
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+def test_head_stored_errors_read_the_same_in_graph_mode(mode):
+    """A stored-teacher option error kept by the constructor and the ids' / values' checks raise the PyNative
+    exception and message from a GRAPH_MODE Cell too (before: an opaque pybind cast error, and messages re-quoted
+    into a compiled raise)."""
+    h, w = Tensor(np.zeros((3, 4), np.float32)), Tensor(np.zeros((6, 4), np.float32))
+    ids, values = Tensor(np.zeros((3, 2), np.int32) + [[0, 1]]), Tensor(np.full((3, 2), -1.0, np.float32))
+    cases = ((dict(stored_mode="x"), ids, ValueError,
+              r"^For 'FusedLinearDistillationLoss', 'mode' must be one of \['renormalize', 'tail', 'sampled'\]"),
+             (dict(divergence="tvd"), ids, ValueError, r"^For 'FusedLinearDistillationLoss.from_teacher_topk', a "),
+             (dict(), Tensor(np.zeros((3, 2), np.float32)), TypeError,
+              r"^For 'FusedLinearDistillationLoss.from_teacher_topk', 'teacher_ids' must have dtype int32 or int64"))
+    for options, teacher_ids, error, match in cases:
+        net = Head(ms_kldiv.FusedLinearDistillationLoss(**options))
+        with pytest.raises(error, match=match):
+            if mode == "graph":
+                with graph_mode():
+                    net(h, w, Tensor(np.zeros(6, np.float32)), teacher_ids, values, Tensor(np.zeros(3, np.int32)))
+            else:
+                net(h, w, Tensor(np.zeros(6, np.float32)), teacher_ids, values, Tensor(np.zeros(3, np.int32)))

@@ -411,6 +411,24 @@ def test_errors(kwargs, args, err, match):
         ms_kldiv.sparse_distillation_loss(*args, **kwargs)
 
 
+@pytest.mark.parametrize("mode", ["jit", "graph"])
+def test_option_errors_read_the_same_compiled(mode):
+    """Option errors raise PyNative's exception and message under ms.jit and from a GRAPH_MODE Cell (the checks run
+    on the host while the graph compiles; before, their text was re-quoted into a compiled raise)."""
+    class Loss(nn.Cell):
+        def construct(self, s, ids, values):
+            return ms_kldiv.sparse_distillation_loss(s, ids, values, mode="x")
+
+    def call(s, ids, values):
+        return ms_kldiv.sparse_distillation_loss(s, ids, values, mode="x")
+    with pytest.raises(ValueError, match=r"^For 'sparse_distillation_loss', 'mode' must be one of \['renormalize', "):
+        if mode == "graph":
+            with graph_mode():
+                Loss()(S, IDS, LOGP)
+        else:
+            ms.jit(call)(S, IDS, LOGP)
+
+
 def test_errors_skip_ignored_rows():
     """An ignored row's ids and values are never looked at: no error for them, and no effect."""
     ids = Tensor(np.array([[0, 1], [7, 7]], np.int32))
