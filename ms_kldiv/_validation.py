@@ -409,6 +409,7 @@ def check_variant(divergence, alpha, softcap, logit_scale, beta, name):
         raise TypeError(f"For '{name}', 'divergence' must be a str, but got {type(divergence).__name__}.")
     if divergence not in DIVERGENCES:
         raise ValueError(f"For '{name}', 'divergence' must be one of {list(DIVERGENCES)}, but got {divergence!r}.")
+    check_number(beta, "beta", name, 0.0, 1.0)  # its type first: a str beta is a TypeError whatever the divergence
     if divergence != "kl" and beta != 0:
         raise ValueError(f"For '{name}', 'beta' selects within divergence='kl' (forward, reverse, JSD); with "
                          f"divergence={divergence!r} it must stay 0, but got {beta!r}.")

@@ -546,9 +546,13 @@ class FusedLinearDistillationLoss(FullPrecisionCell, nn.Cell):
         _validation.check_number(hard_weight, "hard_weight", _NAME, 0.0)
         _validation.check_number(soft_weight, "soft_weight", _NAME, 0.0)
         _validation.check_ignore_index(ignore_index, _NAME)
-        for arg, value in (("chunk_size", chunk_size), ("chunk_bytes", chunk_bytes)):
-            if value is not None and (not _validation.is_integer(value) or value < 1):
-                raise ValueError(f"For '{_NAME}', '{arg}' must be None or a positive int, but got {value!r}.")
+        # (rows are counted in int32; a byte budget past 2^62 is no budget and would overflow the kernels' int64)
+        for arg, value, high in (("chunk_size", chunk_size, 2**31 - 1), ("chunk_bytes", chunk_bytes, 2**62)):
+            if value is not None and not _validation.is_integer(value):
+                raise TypeError(f"For '{_NAME}', '{arg}' must be None or a positive int, but got "
+                                f"{type(value).__name__}: {value!r}.")
+            if value is not None and not 1 <= value <= high:
+                raise ValueError(f"For '{_NAME}', '{arg}' must lie in [1, {high}], but got {value!r}.")
         if chunk_size is not None and chunk_bytes is not None:
             raise ValueError(f"For '{_NAME}', give 'chunk_size' (rows) or 'chunk_bytes' (a memory budget), not both.")
         if vocab_parallel_group is not None and chunk_bytes is not None:

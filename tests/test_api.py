@@ -299,3 +299,15 @@ def test_docstring_examples_run(module_name):
                 runner2.run(test, out=report.append)
         pytest.fail(f"{result.failed} of {result.attempted} doctest examples failed in {module_name}:\n"
                     + "".join(report)[:3000])
+
+
+@pytest.mark.parametrize("name,error", [(123, TypeError), ("", TypeError), (None, TypeError), ("auto", ValueError)])
+def test_register_refuses_names_that_cannot_be_chosen(monkeypatch, name, error):
+    """A backend named by a non-str, an empty str or 'auto' (the automatic choice) could never be picked with
+    backend=: register() says so instead of listing it."""
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    backend = _CountingComposite(ms.get_context("device_target"))
+    backend.name = name
+    with pytest.raises(error, match="register"):
+        registry.register(backend)
+    assert name not in registry._REGISTRY

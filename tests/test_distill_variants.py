@@ -264,7 +264,7 @@ def _st():
     (dict(beta="0.5"), TypeError, "'beta'"), (dict(beta=True), TypeError, "'beta'"),
     (dict(ignore_index=1.0), TypeError, "'ignore_index'"),
     (dict(temperature=1e20), ValueError, "'temperature'"), (dict(softcap=1e-300), ValueError, "'softcap'"),
-    (dict(logit_scale=1e30), ValueError, "'logit_scale'"),
+    (dict(logit_scale=1e30), ValueError, "'logit_scale'"), (dict(divergence="tvd", beta="x"), TypeError, "'beta'"),
     (dict(ignore_index=2**32 - 100), ValueError, "'ignore_index' must lie in int32's range"),
     (dict(ignore_index=-2**31 - 1), ValueError, "'ignore_index' must lie in int32's range"),
     (dict(labels=ms.Tensor(np.zeros(2, np.float32))), TypeError, "'labels'"),

@@ -147,6 +147,7 @@ def test_training_step_graph_mode_loss_falls():
     (dict(chunk_size=0), ValueError), (dict(ignore_index=1.5), TypeError), (dict(teacher_grad="yes"), TypeError),
     (dict(ignore_index=2**31 + 5), ValueError), (dict(ignore_index=2**63), ValueError),
     (dict(softcap=1e-300), ValueError), (dict(temperature=1e30), ValueError),
+    (dict(chunk_size=True), TypeError), (dict(chunk_size=2.0), TypeError), (dict(chunk_bytes=2**63), ValueError),
     (dict(teacher_grad=1), TypeError),
 ])
 def test_bad_arguments(kwargs, error):

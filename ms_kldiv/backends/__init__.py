@@ -47,8 +47,11 @@ def register(backend):
     is a C++ library on CPU, a CUDA library on GPU and an AscendC operator on Ascend); registering the same
     class again replaces the earlier instance.
     """
-    if not isinstance(backend, Backend) or not backend.name:
-        raise TypeError(f"register() expects a named ms_kldiv.backends.Backend instance, got {backend!r}")
+    if not isinstance(backend, Backend) or not isinstance(backend.name, str) or not backend.name:
+        raise TypeError(f"register() expects an ms_kldiv.backends.Backend instance whose name is a non-empty str, "
+                        f"got {backend!r}")
+    if backend.name == "auto":  # backend='auto' is the automatic choice: such a backend could never be picked
+        raise ValueError("register(): 'auto' is reserved for the automatic choice; name the backend otherwise.")
     impls = [b for b in _REGISTRY.get(backend.name, []) if type(b) is not type(backend)]
     _REGISTRY[backend.name] = impls + [backend]
     for cache in _CHOICE_CACHES:
