@@ -88,13 +88,13 @@ def _sliced_rows_op(group, mode, temperature, teacher_temperature, beta):
 
 
 def _sparse(student_logits, teacher_ids, teacher_values, mode, temperature, teacher_temperature, beta, reduction,
-            labels, ignore_index, backend, group=None, num_items=None):
+            labels, ignore_index, backend, group=None, num_items=None, name=_NAME):
     if not compiled(student_logits):
         # with a vocabulary split across ranks no rank knows V here: an id past it makes its row NaN
         vocab = student_logits.shape[-1] if group is None else 2**62
-        _validation.check_stored_data(teacher_ids, teacher_values, vocab, mode, labels, ignore_index, _NAME)
+        _validation.check_stored_data(teacher_ids, teacher_values, vocab, mode, labels, ignore_index, name)
         if num_items is not None:
-            _validation.check_num_items_data(num_items, _NAME)
+            _validation.check_num_items_data(num_items, name)
     dtype = student_logits.dtype
     if group is not None and reduction != "none" and _validation.no_rows(ops.shape(student_logits)):
         # an empty batch on every rank: 0 and no collective (whose gradients MindSpore cannot run on no rows)
@@ -243,7 +243,7 @@ class SparseDistillationLoss(FullPrecisionCell, nn.Cell):
                     self.reduction, num_items_in_batch, self.vocab_parallel_group is not None)
         return _sparse(student_logits, teacher_ids, teacher_values, self.mode, self.temperature,
                        self.teacher_temperature, self.beta, self.reduction, labels, self.ignore_index, self.backend,
-                       self.vocab_parallel_group, num_items_in_batch)
+                       self.vocab_parallel_group, num_items_in_batch, "SparseDistillationLoss")
 
     def extend_repr(self):
         return (f"mode={self.mode!r}, temperature={self.temperature}, teacher_temperature={self.teacher_temperature}, "

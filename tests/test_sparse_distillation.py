@@ -411,6 +411,16 @@ def test_errors(kwargs, args, err, match):
         ms_kldiv.sparse_distillation_loss(*args, **kwargs)
 
 
+@pytest.mark.parametrize("ids,values,match", [
+    (Tensor(np.array([[0, 5], [2, -1]], np.int32)), LOGP, r"\[0, 5\)"),
+    (Tensor(np.array([[1, 1], [2, -1]], np.int32)), LOGP, "repeat"),
+    (IDS, Tensor(np.array([[0.5, -1.0], [-0.1, 0.0]], np.float32)), "<= 0")])
+def test_data_errors_name_the_cell(ids, values, match):
+    """The Cell's data errors name the Cell, as its other errors do (they named the functional)."""
+    with pytest.raises(ValueError, match=r"^For 'SparseDistillationLoss', .*" + match):
+        ms_kldiv.SparseDistillationLoss()(S, ids, values)
+
+
 @pytest.mark.parametrize("mode", ["jit", "graph"])
 def test_option_errors_read_the_same_compiled(mode):
     """Option errors raise PyNative's exception and message under ms.jit and from a GRAPH_MODE Cell (the checks run
