@@ -119,14 +119,10 @@ class SparseForward {
     const uint64_t tiles = sparse_tiling::TileCount(h_.vocab, h_.tile);
     Prefetch(row, 0, tiles);
     for (uint64_t t = 0; t < tiles; ++t) {
-      Prefetch(row, t + 1, tiles);
       const uint32_t n = h_.Valid(t);
       const uint32_t count = sparse_tiling::ComputeCount(n);
-      LocalTensor<float> raw = rawBuf_.Get<float>();
+      LocalTensor<float> raw = TileAsFloat(row, t, tiles, count);
       LocalTensor<float> e = expBuf_.Get<float>();
-      LocalTensor<T> in = inQue_.template DeQue<T>();
-      RawFloat(raw, in, count);
-      inQue_.FreeTensor(in);
       ReduceMax(sc_[kMaxSlot], raw, work_, n);
       VectorToScalar();
       const float tileMax = sc_.GetValue(kMaxSlot);
@@ -223,14 +219,10 @@ class SparseForward {
     const uint64_t tiles = sparse_tiling::TileCount(h_.vocab, h_.tile);
     Prefetch(row, 0, tiles);
     for (uint64_t t = 0; t < tiles; ++t) {
-      Prefetch(row, t + 1, tiles);
       const uint32_t n = h_.Valid(t);
       const uint32_t count = sparse_tiling::ComputeCount(n);
-      LocalTensor<float> raw = rawBuf_.Get<float>();
+      LocalTensor<float> raw = TileAsFloat(row, t, tiles, count);
       LocalTensor<float> e = expBuf_.Get<float>();
-      LocalTensor<T> in = inQue_.template DeQue<T>();
-      RawFloat(raw, in, count);
-      inQue_.FreeTensor(in);
       Adds(e, raw, -base, count);
       Muls(e, e, h_.invT, count);
       VectorToScalar();
@@ -261,6 +253,17 @@ class SparseForward {
     }
     if (hi == kNegInf || hi - logZ < kF64LogMin) return kNegInf;
     return hi + LogSum(zo);  // zo >= 1: the maximum's own term
+  }
+
+  // Tile t of a row (queued by the previous call or by Prefetch(row, 0, tiles)) as float32 in rawBuf_, the next
+  // tile queued behind it: the one walk over a row that both reads of it take.
+  __aicore__ inline LocalTensor<float> TileAsFloat(uint64_t row, uint64_t t, uint64_t tiles, uint32_t count) {
+    Prefetch(row, t + 1, tiles);
+    LocalTensor<float> raw = rawBuf_.Get<float>();
+    LocalTensor<T> in = inQue_.template DeQue<T>();
+    RawFloat(raw, in, count);
+    inQue_.FreeTensor(in);
+    return raw;
   }
 
   // Tile i of a row into the queue, if the row has one (loaded one tile ahead of the compute).
