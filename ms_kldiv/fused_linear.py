@@ -403,6 +403,7 @@ class _TeacherGradients(nn.Cell):
         super().__init__()
         self.teacher_loop = teacher_loop
         self.teacher_loop_pynative = _CompiledLoop(teacher_loop)
+        self.first_order = _FirstOrderScale()
 
     def construct(self, hs, ws, bs, ht, wt, bt, labels, weights, count):
         # depends on the teacher's tensors: a constant output would be folded away with its bprop
@@ -412,7 +413,7 @@ class _TeacherGradients(nn.Cell):
         loop = self.teacher_loop if compiled(hs) else self.teacher_loop_pynative
         _, _, _, _, dh_t, dw_t, db_t = loop(hs, ws, bs, *_cut(ht, wt, bt), labels, weights, count)
         return ((_discarded(hs), _discarded(ws), _discarded(bs))
-                + _scaled((dh_t, dw_t, db_t), dout, (ht.dtype, wt.dtype, bt.dtype))
+                + _scaled(self.first_order, (dh_t, dw_t, db_t), dout, (ht, wt, bt))
                 + (_discarded(labels), _discarded(weights), _discarded(count)))
 
 
@@ -421,31 +422,70 @@ class _WithGradients(nn.Cell):
     the given gradients times the incoming gradient, and zeros for the teacher's (``_TeacherGradients`` gives
     theirs)."""
 
+    def __init__(self):
+        super().__init__()
+        self.first_order = _FirstOrderScale()
+
     def construct(self, hs, ws, bs, ht, wt, bt, loss, dh_s, dw_s, db_s):
         return loss
 
     def bprop(self, hs, ws, bs, ht, wt, bt, loss, dh_s, dw_s, db_s, out, dout):
-        grads = _scaled((dh_s, dw_s, db_s), dout, (hs.dtype, ws.dtype, bs.dtype))
+        grads = _scaled(self.first_order, (dh_s, dw_s, db_s), dout, (hs, ws, bs))
         return grads + (_discarded(ht), _discarded(wt), _discarded(bt), _discarded(loss), _discarded(dh_s),
                         _discarded(dw_s), _discarded(db_s))
 
 
-def _scaled(grads, dout, dtypes):
-    """A bprop's ``grad * dout`` for each of ``grads``, in its dtype of ``dtypes``. PyNative runs each op on its own,
-    so there a ``dout`` of 1 (the loss differentiated directly) and a cast to the same dtype are skipped: each would
-    copy a weight-sized gradient (reading ``dout`` waits for it: once per bprop)."""
+def _scaled(first_order, grads, dout, primals):
+    """A bprop's ``grad * dout`` for each of ``grads``, in the dtype of its primal (``first_order``: a
+    ``_FirstOrderScale``). PyNative runs each op on its own, so there a ``dout`` of 1 (the loss differentiated
+    directly) and a cast to the same dtype are skipped: each would copy a weight-sized gradient (reading ``dout``
+    waits for it: once per bprop)."""
     if compiled(dout):  # (three gradients: a head's hidden states, weight and bias)
-        return (ops.cast(grads[0] * dout, dtypes[0]), ops.cast(grads[1] * dout, dtypes[1]),
-                ops.cast(grads[2] * dout, dtypes[2]))
+        return (ops.cast(first_order(grads[0], dout, *primals), primals[0].dtype),
+                ops.cast(first_order(grads[1], dout, *primals), primals[1].dtype),
+                ops.cast(first_order(grads[2], dout, *primals), primals[2].dtype))
     one = float(dout.asnumpy()) == 1.0
-    return (_as_dtype(grads[0], dout, one, dtypes[0]), _as_dtype(grads[1], dout, one, dtypes[1]),
-            _as_dtype(grads[2], dout, one, dtypes[2]))
+    return (_as_dtype(first_order, grads[0], dout, one, primals, 0),
+            _as_dtype(first_order, grads[1], dout, one, primals, 1),
+            _as_dtype(first_order, grads[2], dout, one, primals, 2))
 
 
-def _as_dtype(g, dout, one, dtype):
-    """PyNative's ``g * dout`` in ``dtype`` (``_scaled``)."""
-    g = g if one else g * dout
-    return g if g.dtype == dtype else ops.cast(g, dtype)
+def _as_dtype(first_order, g, dout, one, primals, k):
+    """PyNative's ``g * dout`` in the dtype of ``primals[k]`` (``_scaled``)."""
+    g = first_order.unscaled(g, *primals) if one else first_order(g, dout, *primals)
+    return g if g.dtype == primals[k].dtype else ops.cast(g, primals[k].dtype)
+
+
+class _FirstOrderScale(nn.Cell):
+    """``g * dout`` for a gradient ``g`` that the chunk pass computed from one model's hidden states, weight and bias
+    ``h``, ``w``, ``b``, whose own derivative is NaN (towards each of them): the
+    head is first order, and differentiating its gradients again (a Hessian-vector product, a gradient penalty) saw
+    them as constants: 0, silently. (NaN, not a raise: graph mode builds this bprop even when nobody
+    differentiates twice.) Only a second differentiation runs the bprop; the first pays nothing."""
+
+    def __init__(self):
+        super().__init__()
+        self.unscaled = _FirstOrderGradient()
+
+    def construct(self, g, dout, h, w, b):
+        return g * dout
+
+    def bprop(self, g, dout, h, w, b, out, d_out):
+        return _nan_like(g), _nan_like(dout), _nan_like(h), _nan_like(w), _nan_like(b)
+
+
+class _FirstOrderGradient(nn.Cell):
+    """``_FirstOrderScale`` for a ``dout`` of 1 in PyNative: ``g`` itself (no weight-sized product)."""
+
+    def construct(self, g, h, w, b):
+        return g
+
+    def bprop(self, g, h, w, b, out, d_out):
+        return _nan_like(g), _nan_like(h), _nan_like(w), _nan_like(b)
+
+
+def _nan_like(x):
+    return ops.fill(x.dtype, x.shape, float("nan"))
 
 
 def _discarded(v):

@@ -367,3 +367,30 @@ def test_chunk_bytes_sets_the_rows_per_chunk():
     args = (2.0, 0.0, 0.0, 1.0)
     value, _ = value_and_grads(Net(FusedLinearDistillationLoss(2.0, chunk_bytes=8 * V * 3)), c, "graph")
     np.testing.assert_allclose(value, reference_loss(c, *args), rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["pynative", "jit"])
+@pytest.mark.parametrize("backend", ["composite", "auto"])
+def test_second_order_is_nan_not_zero(mode, backend):
+    """The head is first order (its gradients come from the chunk pass): differentiating them again, a
+    Hessian-vector product towards the hidden states and the weight, gives NaN, not the 0 it gave before, silently;
+    the first-order gradients stay those of the float64 composition."""
+    c = case(seed=4)
+    (hs, ws, ht, wt), labels, (bs, bt) = tensors(c)
+    v = ms.Tensor(np.random.default_rng(1).normal(size=c["hs"].shape), ms.float32)
+    head = FusedLinearDistillationLoss(1.5, chunk_size=2, backend=backend)
+
+    def loss(h, w):
+        return head(h, w, ht, wt, labels, bs, bt)
+
+    def inner(h, w):
+        return (ms.grad(loss, grad_position=0)(h, w) * v).sum()
+    first, hvp = ms.grad(loss, grad_position=(0, 1)), ms.grad(inner, grad_position=(0, 1))
+    if mode == "jit":
+        first, hvp = ms.jit(first), ms.jit(hvp)
+    d_h, d_w = (g.asnumpy() for g in first(hs, ws))
+    want = reference_grads(c, 1.5, 0.0, 0.0, 1.0)
+    np.testing.assert_allclose(d_h, want["hs"], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(d_w, want["ws"], rtol=1e-4, atol=1e-5)
+    for g in hvp(hs, ws):
+        assert np.isnan(g.asnumpy()).all()
