@@ -34,6 +34,8 @@ import mindspore.dataset as ds
 from mindspore import ops
 from mindspore.mindrecord import FileReader, FileWriter
 
+from ._validation import is_integer
+
 try:  # optional: a faster bfloat16 cast; the numpy rounding below gives the same bits
     import ml_dtypes
 except ImportError:  # pragma: no cover - depends on the environment
@@ -61,23 +63,87 @@ def _is_tensor(x):
     return isinstance(x, ms.Tensor)
 
 
+def _shown(value, limit=80):
+    """``repr(value)`` for a message, cut to ``limit`` characters (an array passed as an option is long)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _to_numpy(x, name):
+    """A Tensor or array-like as a numpy array of numbers: TypeError for anything else (None, str, objects)."""
     if _is_tensor(x):
         if x.dtype == ms.bfloat16:  # asnumpy of bfloat16 needs ml_dtypes; float32 holds it exactly
             x = x.astype(ms.float32)
         return x.asnumpy()
+    if x is None or isinstance(x, (str, bytes, dict, set)):
+        raise TypeError(f"'{name}' must be a Tensor or a numeric array, got {type(x).__name__}: {_shown(x)}")
     try:
-        return np.asarray(x)
+        arr = np.asarray(x)
     except Exception as exc:  # ragged lists and the like
         raise ValueError(f"'{name}' must be array-like, got {type(x).__name__}: {exc}") from None
+    if arr.dtype.kind not in "biuf" and not _is_numpy_floating(arr.dtype):  # object, str, complex, ...
+        raise TypeError(f"'{name}' must be a Tensor or a numeric array, got {type(x).__name__} of dtype {arr.dtype}")
+    return arr
 
 
 def _check_positive_int(value, name, maximum=None):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"'{name}' must be a positive int, got {value!r}")
+    """An int (Python or NumPy; bool is not one) >= 1: TypeError for another type, ValueError out of range."""
+    if not is_integer(value):
+        raise TypeError(f"'{name}' must be a positive int, got {type(value).__name__}: {_shown(value)}")
+    if value < 1:
+        raise ValueError(f"'{name}' must be a positive int, got {_shown(value)}")
     if maximum is not None and value > maximum:
         raise ValueError(f"'{name}' must be at most {maximum}, got {value}")
     return int(value)
+
+
+def _check_choice(value, name, choices):
+    """A str among ``choices``: TypeError for another type (a list was 'unhashable'), ValueError for another str."""
+    if not isinstance(value, str):
+        raise TypeError(f"'{name}' must be a str, one of {list(choices)}, got {type(value).__name__}: {_shown(value)}")
+    if value not in choices:
+        raise ValueError(f"'{name}' must be one of {list(choices)}, got {_shown(value)}")
+    return value
+
+
+def _check_bool(value, name):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"'{name}' must be a bool, got {type(value).__name__}: {_shown(value)}")
+    return bool(value)
+
+
+def _check_path(path):
+    """``path`` as a str (str or os.PathLike of a str, not empty)."""
+    try:
+        path_str = os.fspath(path)
+    except TypeError:
+        raise TypeError(f"'path' must be a str or os.PathLike, got {type(path).__name__}: {_shown(path)}") from None
+    if not isinstance(path_str, str):
+        raise TypeError(f"'path' must be a str or os.PathLike of a str, got {type(path_str).__name__}: {_shown(path)}")
+    if not path_str:
+        raise ValueError("'path' must not be empty")
+    return path_str
+
+
+def _check_seed(seed):
+    """What ``numpy.random.default_rng`` takes: None, an int >= 0 or a sequence of them, a SeedSequence,
+    BitGenerator or Generator."""
+    if seed is None or isinstance(seed, (np.random.SeedSequence, np.random.BitGenerator, np.random.Generator)):
+        return seed
+    if isinstance(seed, np.ndarray) and seed.ndim == 0:
+        seed = seed.item()
+    if is_integer(seed):
+        entries = [seed]
+    elif isinstance(seed, np.ndarray) and np.issubdtype(seed.dtype, np.integer):
+        entries = seed.ravel().tolist()
+    elif isinstance(seed, (list, tuple)) and all(is_integer(s) for s in seed):
+        entries = list(seed)
+    else:
+        raise TypeError(f"'seed' must be an int >= 0, a sequence of them, None, or a numpy SeedSequence, "
+                        f"BitGenerator or Generator, got {type(seed).__name__}: {_shown(seed)}")
+    if any(s < 0 for s in entries):
+        raise ValueError(f"'seed' must be >= 0, got {_shown(seed)}")
+    return seed
 
 
 def _compute_dtype(dtype):
@@ -96,7 +162,7 @@ def _is_numpy_floating(dtype):
 def _check_floating(x, name):
     floating = x.dtype in _MS_FLOATING if _is_tensor(x) else _is_numpy_floating(x.dtype)
     if not floating:
-        raise ValueError(f"'{name}' must be floating point, got {x.dtype}")
+        raise TypeError(f"'{name}' must be floating point, got dtype {x.dtype}")
 
 
 def _ms_compute_dtype(tensor):
@@ -133,10 +199,12 @@ def _id_dtype_name(vocab_size):
     return "int16" if vocab_size - 1 <= np.iinfo(np.int16).max else "int32"
 
 
-def _flatten_rows(x, name, min_ndim=1):
-    """[..., D] -> ([N, D] view or Tensor, leading shape)."""
+def _flatten_rows(x, name, min_ndim=1, classes=False):
+    """[..., D] -> ([N, D] view or Tensor, leading shape). ``classes``: D is the vocabulary, which must be >= 1."""
     if x.ndim < min_ndim:
         raise ValueError(f"'{name}' must have at least {min_ndim} dimension(s) [..., D], got shape {tuple(x.shape)}")
+    if classes and x.shape[-1] == 0:
+        raise ValueError(f"'{name}' must have at least one class on the last axis, got shape {tuple(x.shape)}")
     lead = tuple(x.shape[:-1])
     return x.reshape((int(np.prod(lead, dtype=np.int64)), x.shape[-1])), lead
 
@@ -199,11 +267,12 @@ def teacher_topk(logits, k, chunk_rows=1024):
     [chunk, k] results are copied to the host); a numpy array with numpy. Ties between equal logits are broken
     arbitrarily.
     """
+    k = _check_positive_int(k, "k")
     chunk_rows = _check_positive_int(chunk_rows, "chunk_rows")
     if not _is_tensor(logits):
         logits = _to_numpy(logits, "logits")
     _check_floating(logits, "logits")
-    rows, lead = _flatten_rows(logits, "logits")
+    rows, lead = _flatten_rows(logits, "logits", classes=True)
     vocab = rows.shape[-1]
     k = _check_positive_int(k, "k", maximum=vocab)
     use_mindspore = _is_tensor(rows)
@@ -224,24 +293,25 @@ def teacher_topk_from_hidden(hidden, weight, k, bias=None, chunk_rows=1024):
     float64); a head stored in another dtype is cast once (a V x H copy, not N x V). If any argument is a
     MindSpore Tensor the matmul and the top-k run in MindSpore on its device.
     """
+    k = _check_positive_int(k, "k")
     chunk_rows = _check_positive_int(chunk_rows, "chunk_rows")
     use_mindspore = any(_is_tensor(x) for x in (hidden, weight, bias) if x is not None)
     arrays = {}
     for name, value in (("hidden", hidden), ("weight", weight), ("bias", bias)):
-        if value is None:
+        if value is None and name == "bias":
             continue
-        if use_mindspore:
-            value = value if _is_tensor(value) else ms.Tensor(_to_numpy(value, name))
-        else:
+        if not _is_tensor(value):
             value = _to_numpy(value, name)
-        _check_floating(value, name)
-        arrays[name] = value
+        _check_floating(value, name)  # (before a Tensor is made of an array: any dtype checked as given)
+        arrays[name] = ms.Tensor(value) if use_mindspore and not _is_tensor(value) else value
     hidden_rows, lead = _flatten_rows(arrays["hidden"], "hidden")
     weight = arrays["weight"]
     if weight.ndim != 2 or weight.shape[1] != hidden_rows.shape[1]:
         raise ValueError(f"'weight' must have shape [V, H] with H = hidden.shape[-1] = {hidden_rows.shape[1]}, "
                          f"got {tuple(weight.shape)}")
     vocab = weight.shape[0]
+    if vocab == 0:
+        raise ValueError(f"'weight' must have at least one row (V >= 1), got shape {tuple(weight.shape)}")
     bias = arrays.get("bias")
     if bias is not None and tuple(bias.shape) != (vocab,):
         raise ValueError(f"'bias' must have shape [V] = ({vocab},), got {tuple(bias.shape)}")
@@ -297,10 +367,11 @@ def teacher_sample(logits, num_samples, k, seed, chunk_rows=1024):
     num_samples = _check_positive_int(num_samples, "num_samples")
     k = _check_positive_int(k, "k")
     chunk_rows = _check_positive_int(chunk_rows, "chunk_rows")
+    seed = _check_seed(seed)
     if not _is_tensor(logits):
         logits = _to_numpy(logits, "logits")
     _check_floating(logits, "logits")
-    rows, lead = _flatten_rows(logits, "logits")
+    rows, lead = _flatten_rows(logits, "logits", classes=True)
     num_rows, vocab = rows.shape
     rng = np.random.default_rng(seed)
     ids = np.empty((num_rows, k), np.int32)
@@ -341,14 +412,13 @@ class TeacherStoreWriter:
 
     def __init__(self, path, vocab_size, k, *, value_dtype="bfloat16", kind="topk", shard_num=1,
                  overwrite=False):
+        self._path = _check_path(path)
         self._vocab_size = _check_positive_int(vocab_size, "vocab_size", maximum=_INT32_MAX)
         self._k = _check_positive_int(k, "k")
-        if value_dtype not in _VALUE_DTYPES:
-            raise ValueError(f"'value_dtype' must be one of {sorted(_VALUE_DTYPES)}, got {value_dtype!r}")
-        if kind not in KINDS:
-            raise ValueError(f"'kind' must be one of {KINDS}, got {kind!r}")
+        _check_choice(value_dtype, "value_dtype", sorted(_VALUE_DTYPES))
+        _check_choice(kind, "kind", KINDS)
         shard_num = _check_positive_int(shard_num, "shard_num", maximum=1000)
-        self._path = os.fspath(path)
+        overwrite = _check_bool(overwrite, "overwrite")
         self._value_dtype = value_dtype
         self._kind = kind
         self._id_dtype = _id_dtype_name(self._vocab_size)
@@ -359,11 +429,14 @@ class TeacherStoreWriter:
         # with shards, a single-file store at the path itself counts too: readers look for it first
         single = [f for f in (self._path, self._path + ".db") if shard_num > 1 and os.path.exists(f)]
         existing = [f for name in self._files for f in (name, name + ".db") if os.path.exists(f)] + single
+        directories = [f for f in existing if os.path.isdir(f)]
+        if directories:  # overwrite=True would not replace it
+            raise ValueError(f"'path' must name a file, but {directories[0]} is a directory")
         if existing and not overwrite:
             raise FileExistsError(f"'path': {existing[0]} exists; pass overwrite=True to replace it")
         for stale in single:  # MindRecord overwrites the shards it writes, not this
             os.remove(stale)
-        self._writer = FileWriter(self._path, shard_num, overwrite=bool(overwrite))
+        self._writer = FileWriter(self._path, shard_num, overwrite=overwrite)
         self._has_labels = None  # decided by the first sample
         self._pending = []
         self._tokens_written = 0
@@ -412,13 +485,18 @@ class TeacherStoreWriter:
     def write_batch(self, samples):
         """Append several sequences, each a dict with keys input_ids, ids, values and optionally labels.
         All are validated before any is written."""
+        if isinstance(samples, (dict, str, bytes)) or not hasattr(samples, "__iter__"):
+            raise TypeError(f"'samples' must be a list of dicts, got {type(samples).__name__}")
         encoded = []
         for i, sample in enumerate(samples):
             if not isinstance(sample, dict):
-                raise ValueError(f"'samples'[{i}] must be a dict, got {type(sample).__name__}")
+                raise TypeError(f"'samples'[{i}] must be a dict, got {type(sample).__name__}: {_shown(sample)}")
             unknown = set(sample) - {"input_ids", "ids", "values", "labels"}
             if unknown:
-                raise ValueError(f"'samples'[{i}] has unknown keys {sorted(unknown)}")
+                raise ValueError(f"'samples'[{i}] has unknown keys {sorted(map(str, unknown))}")
+            missing = [key for key in ("input_ids", "ids", "values") if key not in sample]
+            if missing:
+                raise ValueError(f"'samples'[{i}] lacks the keys {missing}")
             encoded.append(self._encode(sample.get("input_ids"), sample.get("ids"), sample.get("values"),
                                         sample.get("labels")))
         self._append(encoded)
@@ -474,11 +552,9 @@ class TeacherStoreWriter:
 
     @staticmethod
     def _int_array(x, name):
-        if x is None:
-            raise ValueError(f"'{name}' is required")
         arr = _to_numpy(x, name)
         if not np.issubdtype(arr.dtype, np.integer):
-            raise ValueError(f"'{name}' must be integer, got dtype {arr.dtype}")
+            raise TypeError(f"'{name}' must be integer, got dtype {arr.dtype}")
         if arr.size and (arr.min() < -_INT32_MAX - 1 or arr.max() > _INT32_MAX):
             raise ValueError(f"'{name}' does not fit int32")
         return arr
@@ -493,13 +569,11 @@ class TeacherStoreWriter:
             raise ValueError(f"'ids' repeats a token id at position {position}; ids must be distinct per token")
 
     def _encode_values(self, values, ids, expected):
-        if values is None:
-            raise ValueError("'values' is required")
         values = _to_numpy(values, "values")
+        if not (_is_numpy_floating(values.dtype) or np.issubdtype(values.dtype, np.integer)):
+            raise TypeError(f"'values' must be numeric, got dtype {values.dtype}")
         if values.shape != expected:
             raise ValueError(f"'values' must have shape [S, k] = {expected}, got {values.shape}")
-        if not (_is_numpy_floating(values.dtype) or np.issubdtype(values.dtype, np.integer)):
-            raise ValueError(f"'values' must be numeric, got dtype {values.dtype}")
         with np.errstate(over="ignore"):  # a float64 log-probability below float32's range is -inf: still p = 0
             values32 = values.astype(np.float32)
         if np.isnan(values32).any():
@@ -576,7 +650,7 @@ _SIDECAR_COLUMNS = ("teacher_ids_dtype", "teacher_values_dtype", "seq_len", "k")
 
 
 def _resolve_store_file(path):
-    path = os.fspath(path)
+    path = _check_path(path)
     for candidate in (path, path + "0"):  # a single file, or the first shard of a shard set
         if os.path.isfile(candidate):
             return candidate
@@ -662,22 +736,39 @@ def stored_teacher_dataset(path, *, columns=None, shuffle=False, num_parallel_wo
     (input_ids with ``pad_token_id``, labels with -100, teacher ids with -1, values with 0; a longer sequence
     is an error when the pipeline reaches it). ``path`` is the file given to the writer (or one of its shards).
     """
+    if columns is not None:
+        if isinstance(columns, str):
+            columns = [columns]
+        elif isinstance(columns, (dict, bytes)) or not hasattr(columns, "__iter__"):
+            raise TypeError(f"'columns' must be a str or a list of str, got {type(columns).__name__}: "
+                            f"{_shown(columns)}")
+        columns = list(columns)
+        if not all(isinstance(c, str) for c in columns):
+            raise TypeError(f"'columns' must be a str or a list of str, got {_shown(columns)}")
+        if len(set(columns)) != len(columns):
+            raise ValueError(f"'columns' must not repeat a column, got {columns}")
+    if not (shuffle is None or isinstance(shuffle, (bool, np.bool_, ds.Shuffle))):
+        raise TypeError(f"'shuffle' must be a bool, None or a mindspore.dataset.Shuffle, got "
+                        f"{type(shuffle).__name__}: {_shown(shuffle)}")
+    if isinstance(shuffle, np.bool_):
+        shuffle = bool(shuffle)
+    num_parallel_workers = _check_positive_int(num_parallel_workers, "num_parallel_workers")
+    if pad_to is not None:
+        pad_to = _check_positive_int(pad_to, "pad_to")
+    if not is_integer(pad_token_id):
+        raise TypeError(f"'pad_token_id' must be an int (an int32 token id), got {type(pad_token_id).__name__}: "
+                        f"{_shown(pad_token_id)}")
+    if not -_INT32_MAX - 1 <= pad_token_id <= _INT32_MAX:
+        raise ValueError(f"'pad_token_id' must be an int32 token id, got {_shown(pad_token_id)}")
     path = _resolve_store_file(path)
     fields = _stored_fields(path)
     available = [c for c in OUTPUT_COLUMNS if c in fields or c.startswith("teacher_")]
     if columns is None:
         columns = available
     else:
-        columns = [columns] if isinstance(columns, str) else list(columns)
         unknown = [c for c in columns if c not in available]
         if unknown or not columns:
             raise ValueError(f"'columns' must be a non-empty subset of {available}, got {columns}")
-    if pad_to is not None:
-        pad_to = _check_positive_int(pad_to, "pad_to")
-    num_parallel_workers = _check_positive_int(num_parallel_workers, "num_parallel_workers")
-    if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, (int, np.integer)) \
-            or not -_INT32_MAX - 1 <= pad_token_id <= _INT32_MAX:
-        raise ValueError(f"'pad_token_id' must be an int32 token id, got {pad_token_id!r}")
 
     sequence_columns = [c for c in ("input_ids", "labels") if c in columns]
     wants_teacher = any(c.startswith("teacher_") for c in columns)

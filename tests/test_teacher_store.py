@@ -123,8 +123,6 @@ def test_topk_from_hidden_equals_from_logits(as_tensor):
 @pytest.mark.parametrize("call, name", [
     (lambda: ts.teacher_topk(np.zeros((2, 5), np.float32), 6), "k"),
     (lambda: ts.teacher_topk(np.zeros((2, 5), np.float32), 0), "k"),
-    (lambda: ts.teacher_topk(np.zeros((2, 5), np.int32), 2), "logits"),
-    (lambda: ts.teacher_topk(ms.Tensor(np.zeros((2, 5), np.int32)), 2), "logits"),
     (lambda: ts.teacher_topk(np.array([[0.0, np.nan, 1.0]], np.float32), 2), "logits"),
     # MindSpore's CPU max passes over a NaN that is not a row's first element
     (lambda: ts.teacher_topk(ms.Tensor(np.array([[0.0, np.nan, 1.0]], np.float32)), 2), "logits"),
@@ -134,7 +132,7 @@ def test_topk_from_hidden_equals_from_logits(as_tensor):
     (lambda: ts.teacher_topk_from_hidden(np.zeros((2, 4)), np.zeros((9, 3)), 2), "weight"),
     (lambda: ts.teacher_topk_from_hidden(np.zeros((2, 4)), np.zeros((9, 4)), 2, bias=np.zeros(8)), "bias"),
     (lambda: ts.teacher_sample(np.zeros((2, 5), np.float32), 0, 4, seed=0), "num_samples"),
-], ids=["k>V", "k=0", "int-logits", "int-tensor", "nan-logits", "nan-tensor", "nan-hidden-tensor", "chunk_rows",
+], ids=["k>V", "k=0", "nan-logits", "nan-tensor", "nan-hidden-tensor", "chunk_rows",
         "weight-shape", "bias-shape", "num_samples"])
 def test_bad_teacher_inputs_name_the_argument(call, name):
     with pytest.raises(ValueError, match=f"'{name}'"):
@@ -330,8 +328,10 @@ def test_dataset_pads_variable_lengths_and_selects_columns(tmp_path):
     assert list(row) == ["teacher_values", "input_ids"] and row["teacher_values"].shape == (2, 3)
     with pytest.raises(ValueError, match="'columns'"):
         ts.stored_teacher_dataset(path, columns=["logits"])
-    for bad in (2**32 + 7, 1.5, "a", True):  # 2**32 + 7 padded with 7 before (an int32 wrap), 1.5 with 1
-        with pytest.raises(ValueError, match="'pad_token_id'"):
+    with pytest.raises(ValueError, match="'pad_token_id'"):  # padded with 7 before (an int32 wrap)
+        ts.stored_teacher_dataset(path, pad_to=6, pad_token_id=2**32 + 7)
+    for bad in (1.5, "a", True):  # 1.5 was padded with 1
+        with pytest.raises(TypeError, match="'pad_token_id'"):
             ts.stored_teacher_dataset(path, pad_to=6, pad_token_id=bad)
 
 
@@ -359,7 +359,6 @@ GOOD_LOGPROBS = np.array([[-0.1, -2.0], [-0.5, -np.inf]], np.float32)
     ("topk", {"ids": np.array([[3, 1], [0, 10]])}, "ids"),  # id == vocab_size
     ("topk", {"ids": np.array([[3, 1], [0, -2]])}, "ids"),
     ("topk", {"ids": np.array([[3, 3], [0, -1]])}, "ids"),  # repeated id
-    ("topk", {"ids": GOOD_IDS.astype(np.float32)}, "ids"),
     ("topk", {"ids": GOOD_IDS[:1]}, "ids"),
     ("topk", {"values": np.array([[0.1, -2.0], [-0.5, -1.0]], np.float32)}, "values"),
     ("topk", {"values": np.array([[np.nan, -2.0], [-0.5, -1.0]], np.float32)}, "values"),
@@ -371,7 +370,7 @@ GOOD_LOGPROBS = np.array([[-0.1, -2.0], [-0.5, -np.inf]], np.float32)
     ("sampled", {"values": np.array([[2, 1], [3, 1]])}, "values"),  # count at a padding id
     ("sampled", {"values": np.array([[300, 1], [3, 0]])}, "values"),  # not exact in bfloat16
     ("sampled-f32", {"values": np.array([[2**24 + 1, 1], [3, 0]])}, "values"),  # float32 would round it to 2**24
-], ids=["id=V", "id<-1", "repeated-id", "float-ids", "ids-shape", "logprob>0", "nan", "values-shape",
+], ids=["id=V", "id<-1", "repeated-id", "ids-shape", "logprob>0", "nan", "values-shape",
         "labels-shape", "input_ids-shape", "negative-count", "fractional-count", "count-at-padding",
         "count-not-exact", "count-not-exact-float32"])
 def test_bad_writes_name_the_argument_and_write_nothing(tmp_path, kind, kwargs, name):
@@ -399,3 +398,143 @@ def test_bad_writer_arguments(tmp_path, kwargs, name):
         ts.TeacherStoreWriter(**arguments)
     with pytest.raises(FileNotFoundError, match="'path'"):
         ts.TeacherStoreWriter(str(tmp_path / "missing" / "x.mindrecord"), 10, 2)
+
+
+# ------------------------------------------------------------------------- argument types and values
+LOGITS = np.zeros((2, 5), np.float32)
+HIDDEN, WEIGHT = np.zeros((2, 4), np.float32), np.zeros((5, 4), np.float32)
+
+
+def _writer(tmp_path, **kwargs):
+    return ts.TeacherStoreWriter(str(tmp_path / "w.mindrecord"), 10, 2, **kwargs)
+
+
+def _write_one(tmp_path, **kwargs):
+    sample = {"input_ids": np.array([5, 6]), "ids": GOOD_IDS, "values": GOOD_LOGPROBS, **kwargs}
+    with _writer(tmp_path) as writer:
+        writer.write(**sample)
+
+
+def _write_batch(tmp_path, samples):
+    with _writer(tmp_path) as writer:
+        writer.write_batch(samples)
+
+
+# (call of tmp_path, exception, the argument its message names); a wrong type is a TypeError, a wrong value of
+# the right type a ValueError; a bool is no int.
+BAD_ARGUMENTS = {
+    "topk-k-float": (lambda p: ts.teacher_topk(LOGITS, k=2.0), TypeError, "k"),
+    "topk-k-bool": (lambda p: ts.teacher_topk(LOGITS, k=True), TypeError, "k"),
+    "topk-k-str": (lambda p: ts.teacher_topk(LOGITS, k="2"), TypeError, "k"),
+    "topk-chunk_rows-float": (lambda p: ts.teacher_topk(LOGITS, 2, chunk_rows=4.0), TypeError, "chunk_rows"),
+    "topk-chunk_rows-bool": (lambda p: ts.teacher_topk(LOGITS, 2, chunk_rows=True), TypeError, "chunk_rows"),
+    "topk-int-logits": (lambda p: ts.teacher_topk(np.zeros((2, 5), np.int32), 2), TypeError, "logits"),
+    "topk-int-tensor": (lambda p: ts.teacher_topk(ms.Tensor(np.zeros((2, 5), np.int32)), 2), TypeError, "logits"),
+    "topk-bool-logits": (lambda p: ts.teacher_topk(np.zeros((2, 5), bool), 2), TypeError, "logits"),
+    "topk-complex-logits": (lambda p: ts.teacher_topk(np.zeros((2, 5), complex), 2), TypeError, "logits"),
+    "topk-None-logits": (lambda p: ts.teacher_topk(None, 2), TypeError, "logits"),
+    "topk-str-logits": (lambda p: ts.teacher_topk("logits", 2), TypeError, "logits"),
+    "topk-str-array-logits": (lambda p: ts.teacher_topk([["a", "b"]], 1), TypeError, "logits"),
+    "topk-V=0": (lambda p: ts.teacher_topk(np.zeros((2, 0), np.float32), 1), ValueError, "logits"),
+    "topk-0d-logits": (lambda p: ts.teacher_topk(np.float32(1.0), 1), ValueError, "logits"),
+    "hidden-int": (lambda p: ts.teacher_topk_from_hidden(HIDDEN.astype(int), WEIGHT, 2), TypeError, "hidden"),
+    "hidden-None": (lambda p: ts.teacher_topk_from_hidden(None, WEIGHT, 2), TypeError, "hidden"),
+    "weight-int": (lambda p: ts.teacher_topk_from_hidden(HIDDEN, WEIGHT.astype(int), 2), TypeError, "weight"),
+    "weight-int-with-tensor": (lambda p: ts.teacher_topk_from_hidden(ms.Tensor(HIDDEN), WEIGHT.astype(np.int32), 2),
+                               TypeError, "weight"),
+    "bias-int": (lambda p: ts.teacher_topk_from_hidden(HIDDEN, WEIGHT, 2, bias=np.zeros(5, int)), TypeError, "bias"),
+    "weight-V=0": (lambda p: ts.teacher_topk_from_hidden(HIDDEN, np.zeros((0, 4), np.float32), 1), ValueError,
+                   "weight"),
+    "hidden-k-float": (lambda p: ts.teacher_topk_from_hidden(HIDDEN, WEIGHT, 2.0), TypeError, "k"),
+    "hidden-chunk_rows-str": (lambda p: ts.teacher_topk_from_hidden(HIDDEN, WEIGHT, 2, chunk_rows="8"), TypeError,
+                              "chunk_rows"),
+    "sample-V=0": (lambda p: ts.teacher_sample(np.zeros((2, 0), np.float32), 4, 4, seed=0), ValueError, "logits"),
+    "sample-int-logits": (lambda p: ts.teacher_sample(np.zeros((2, 5), np.int64), 4, 4, seed=0), TypeError,
+                          "logits"),
+    "sample-num_samples-float": (lambda p: ts.teacher_sample(LOGITS, 4.0, 4, seed=0), TypeError, "num_samples"),
+    "sample-num_samples-bool": (lambda p: ts.teacher_sample(LOGITS, True, 4, seed=0), TypeError, "num_samples"),
+    "sample-k-float": (lambda p: ts.teacher_sample(LOGITS, 4, 1.5, seed=0), TypeError, "k"),
+    "sample-k-0": (lambda p: ts.teacher_sample(LOGITS, 4, 0, seed=0), ValueError, "k"),
+    "sample-chunk_rows-0": (lambda p: ts.teacher_sample(LOGITS, 4, 4, seed=0, chunk_rows=0), ValueError,
+                            "chunk_rows"),
+    "sample-seed-str": (lambda p: ts.teacher_sample(LOGITS, 4, 4, seed="a"), TypeError, "seed"),
+    "sample-seed-float": (lambda p: ts.teacher_sample(LOGITS, 4, 4, seed=1.5), TypeError, "seed"),
+    "sample-seed-bool": (lambda p: ts.teacher_sample(LOGITS, 4, 4, seed=True), TypeError, "seed"),
+    "sample-seed-negative": (lambda p: ts.teacher_sample(LOGITS, 4, 4, seed=-1), ValueError, "seed"),
+    "sample-seed-negative-entry": (lambda p: ts.teacher_sample(LOGITS, 4, 4, seed=[1, -2]), ValueError, "seed"),
+    "writer-path-int": (lambda p: ts.TeacherStoreWriter(5, 10, 2), TypeError, "path"),
+    "writer-path-bytes": (lambda p: ts.TeacherStoreWriter(os.fsencode(p / "x.mindrecord"), 10, 2), TypeError,
+                          "path"),
+    "writer-path-empty": (lambda p: ts.TeacherStoreWriter("", 10, 2), ValueError, "path"),
+    "writer-path-directory": (lambda p: ts.TeacherStoreWriter(p, 10, 2, overwrite=True), ValueError, "path"),
+    "writer-vocab_size-str": (lambda p: ts.TeacherStoreWriter(p / "x.mindrecord", "8", 2), TypeError,
+                              "vocab_size"),
+    "writer-vocab_size-float": (lambda p: ts.TeacherStoreWriter(p / "x.mindrecord", 8.0, 2), TypeError,
+                                "vocab_size"),
+    "writer-vocab_size-bool": (lambda p: ts.TeacherStoreWriter(p / "x.mindrecord", True, 1), TypeError,
+                               "vocab_size"),
+    "writer-vocab_size-2**31": (lambda p: ts.TeacherStoreWriter(p / "x.mindrecord", 2**31, 2), ValueError,
+                                "vocab_size"),
+    "writer-k-float": (lambda p: ts.TeacherStoreWriter(p / "x.mindrecord", 10, 2.0), TypeError, "k"),
+    "writer-value_dtype-list": (lambda p: _writer(p, value_dtype=["x"]), TypeError, "value_dtype"),
+    "writer-value_dtype-numpy": (lambda p: _writer(p, value_dtype=np.float16), TypeError, "value_dtype"),
+    "writer-kind-list": (lambda p: _writer(p, kind=["topk"]), TypeError, "kind"),
+    "writer-shard_num-float": (lambda p: _writer(p, shard_num=2.0), TypeError, "shard_num"),
+    "writer-shard_num-1001": (lambda p: _writer(p, shard_num=1001), ValueError, "shard_num"),
+    "writer-overwrite-str": (lambda p: _writer(p, overwrite="yes"), TypeError, "overwrite"),
+    "writer-overwrite-int": (lambda p: _writer(p, overwrite=1), TypeError, "overwrite"),
+    "write-ids-None": (lambda p: _write_one(p, ids=None), TypeError, "ids"),
+    "write-ids-float": (lambda p: _write_one(p, ids=GOOD_IDS.astype(np.float32)), TypeError, "ids"),
+    "write-values-None": (lambda p: _write_one(p, values=None), TypeError, "values"),
+    "write-values-str": (lambda p: _write_one(p, values=[["a", "b"], ["c", "d"]]), TypeError, "values"),
+    "write-values-bool": (lambda p: _write_one(p, values=np.zeros((2, 2), bool)), TypeError, "values"),
+    "write-input_ids-float": (lambda p: _write_one(p, input_ids=np.array([5.0, 6.0])), TypeError, "input_ids"),
+    "write-labels-float": (lambda p: _write_one(p, labels=np.array([1.0, 2.0])), TypeError, "labels"),
+    "write_batch-int": (lambda p: _write_batch(p, 5), TypeError, "samples"),
+    "write_batch-dict": (lambda p: _write_batch(p, {"input_ids": [1], "ids": [[1, 2]], "values": [[0, 0]]}),
+                         TypeError, "samples"),
+    "write_batch-not-dicts": (lambda p: _write_batch(p, [5]), TypeError, "samples"),
+    "write_batch-missing-key": (lambda p: _write_batch(p, [{"input_ids": np.array([5, 6]), "ids": GOOD_IDS}]),
+                                ValueError, "samples"),
+    "read-path-None": (lambda p: ts.read_stored_teacher(None), TypeError, "path"),
+    "dataset-path-int": (lambda p: ts.stored_teacher_dataset(5), TypeError, "path"),
+    "dataset-columns-int": (lambda p: ts.stored_teacher_dataset(p / "x", columns=5), TypeError, "columns"),
+    "dataset-columns-not-str": (lambda p: ts.stored_teacher_dataset(p / "x", columns=[1]), TypeError, "columns"),
+    "dataset-columns-repeated": (lambda p: ts.stored_teacher_dataset(p / "x", columns=["input_ids", "input_ids"]),
+                                 ValueError, "columns"),
+    "dataset-shuffle-str": (lambda p: ts.stored_teacher_dataset(p / "x", shuffle="yes"), TypeError, "shuffle"),
+    "dataset-workers-float": (lambda p: ts.stored_teacher_dataset(p / "x", num_parallel_workers=1.0), TypeError,
+                              "num_parallel_workers"),
+    "dataset-workers-0": (lambda p: ts.stored_teacher_dataset(p / "x", num_parallel_workers=0), ValueError,
+                          "num_parallel_workers"),
+    "dataset-pad_to-float": (lambda p: ts.stored_teacher_dataset(p / "x", pad_to=8.0), TypeError, "pad_to"),
+    "dataset-pad_to-bool": (lambda p: ts.stored_teacher_dataset(p / "x", pad_to=True), TypeError, "pad_to"),
+    "dataset-pad_to-0": (lambda p: ts.stored_teacher_dataset(p / "x", pad_to=0), ValueError, "pad_to"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_ARGUMENTS))
+def test_bad_arguments_raise_the_right_error_naming_them(tmp_path, case):
+    call, error, name = BAD_ARGUMENTS[case]
+    with pytest.raises(error, match=f"'{name}'") as info:
+        call(tmp_path)
+    assert type(info.value) is error  # not a subclass (FileNotFoundError is an OSError, not this)
+    for path in tmp_path.iterdir():  # a refused writer made no file; a refused write committed none
+        assert path.name.startswith("w.mindrecord") and not ts.read_stored_teacher(str(tmp_path / "w.mindrecord"))
+
+
+def test_numpy_ints_seeds_and_bools_are_still_accepted(tmp_path):
+    ids, logprobs = ts.teacher_topk(LOGITS, np.int64(2), chunk_rows=np.int32(1))
+    assert ids.shape == (2, 2)
+    reference = ts.teacher_sample(LOGITS, 8, 5, seed=3)
+    for seed in (np.int64(3), np.array(3), np.random.SeedSequence(3)):
+        np.testing.assert_array_equal(ts.teacher_sample(LOGITS, np.int64(8), np.int16(5), seed=seed)[1],
+                                      reference[1])
+    for seed in (None, [1, 2], np.array([1, 2]), np.random.default_rng(0)):
+        assert ts.teacher_sample(LOGITS, 8, 5, seed=seed)[1].sum() == 16
+    path = tmp_path / "np.mindrecord"  # an os.PathLike
+    with ts.TeacherStoreWriter(path, np.int64(10), np.int32(2), overwrite=np.bool_(False)) as writer:
+        writer.write(np.array([5, 6]), GOOD_IDS, GOOD_LOGPROBS)
+    rows = ts.stored_teacher_dataset(path, columns="teacher_ids", shuffle=np.bool_(False),
+                                     num_parallel_workers=np.int64(1), pad_to=np.int64(3), pad_token_id=np.int32(0))
+    assert next(rows.create_dict_iterator(output_numpy=True, num_epochs=1))["teacher_ids"].shape == (3, 2)
