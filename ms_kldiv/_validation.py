@@ -257,7 +257,8 @@ def check_labels(labels, rows_shape, name):
         raise TypeError(f"For '{name}', 'labels' must be a mindspore.Tensor or None, but got {type(labels).__name__}.")
     if labels.dtype not in INT_DTYPES:
         raise TypeError(f"For '{name}', 'labels' must have dtype int32 or int64, but got {labels.dtype}.")
-    if None not in tuple(rows_shape) and -1 not in tuple(rows_shape) and tuple(shape_of(labels)) != tuple(rows_shape):
+    known = None not in tuple(rows_shape) and -1 not in tuple(rows_shape) and -2 not in tuple(rows_shape)
+    if known and tuple(shape_of(labels)) != tuple(rows_shape):
         raise ValueError(f"For '{name}', 'labels' must have the logits' leading shape {tuple(rows_shape)}, "
                          f"but got {tuple(shape_of(labels))}.")
 
@@ -304,6 +305,11 @@ def stored_vocab(s_shape, name, sliced=False):
 
 
 @constexpr
+def lead_of(shape):
+    """The leading shape of logits of ``shape`` [..., V]: ``(-2,)`` (unknown) where their rank is unknown."""
+    return (-2,) if -2 in tuple(shape) else tuple(shape)[:-1]
+
+
 def leading_shape(shape, lead, arg, name):
     """``shape`` equals ``lead`` where both are known (a dynamic rank is not checked)."""
     if -2 in tuple(shape) or -2 in tuple(lead):

@@ -74,12 +74,12 @@ def _check_args_host(student_logits, teacher_logits, temperature, reduction, bet
             raise ValueError(f"For '{name}', 'vocab_parallel_group' needs student and teacher logits of one shape "
                              f"(each rank's slice of both), but got {s_shape} and {t_shape}.")
     if weights is not None:
-        _validation.check_weights(weights, s_shape[:-1], name)
+        _validation.check_weights(weights, _validation.lead_of(s_shape), name)
     if labels is not None:
         if s_shape != t_shape:
             raise ValueError(f"For '{name}', 'labels' needs student and teacher logits of one shape, but got "
                              f"{s_shape} and {t_shape}.")
-        _validation.check_labels(labels, s_shape[:-1], name)
+        _validation.check_labels(labels, _validation.lead_of(s_shape), name)
     return dtype
 
 
@@ -173,7 +173,7 @@ _fusable = constexpr(_fusable_fn, check=False)
 
 def _takes_fused(student_logits, teacher_logits, reduction, dtype, dtypes):
     # A dtype the kernels take (float64 runs the composition).
-    return dtype in dtypes and _fusable(ops.shape(student_logits), ops.shape(teacher_logits), reduction)
+    return dtype in dtypes and _fusable(_shape(student_logits), _shape(teacher_logits), reduction)
 
 
 def _known_size(dims):
@@ -187,7 +187,21 @@ def _known_size(dims):
 
 
 def _known_rows_fn(shape):
+    if -2 in shape:  # an unknown rank
+        return -1
     return 1 if len(shape) == 1 else _known_size(shape[:-1])
+
+
+def _shape_fn(shape):
+    return (-2,) if shape is None else tuple(shape)
+
+
+# ``ops.shape`` for the constexprs below, an unknown rank as ms.jit gives it, (-2,) (a GRAPH_MODE Cell gives None)
+_static_shape = constexpr(_shape_fn, check=False)
+
+
+def _shape(x):
+    return _static_shape(ops.shape(x))
 
 
 # Constexprs: plain Python on the shape, evaluated at compile time in graph mode (unknown dims arrive as None or -1).
@@ -237,7 +251,7 @@ def _reduce(total, student_logits, reduction, keep, weights=None):
       returns uninitialized memory (docs/mindspore-notes.md), so where the row count is not known to be positive
       at compile time (empty shapes, dynamic shapes) the result is selected by the row count at run time.
     """
-    shape = ops.shape(student_logits)
+    shape = _shape(student_logits)
     if reduction == "sum":
         loss = total
     elif weights is not None:
@@ -369,8 +383,7 @@ def _compose(student_logits, teacher_logits, temperature, reduction, beta, label
     keep = None if labels is None else labels != ignore_index
     log_p_student = _log_probs(student_logits, temperature, compute_dtype, keep, variant)
     log_p_teacher = _log_probs(teacher_logits, temperature, compute_dtype, keep, variant)
-    if _known_rows(ops.shape(student_logits)) <= 0 and _shapes_differ(ops.shape(student_logits),
-                                                                       ops.shape(teacher_logits)):
+    if _known_rows(_shape(student_logits)) <= 0 and _shapes_differ(_shape(student_logits), _shape(teacher_logits)):
         # Autodiff sums a broadcast teacher's gradient back to its shape with ReduceSum, which returns uninitialized
         # memory on CPU when the student has no rows: where the row count may be 0, the teacher's gradient passes
         # a select on it (a select, unlike a product, drops a garbage cotangent).

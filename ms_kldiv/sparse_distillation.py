@@ -52,10 +52,10 @@ def _check_args_host(student_logits, teacher_ids, teacher_values, mode, labels, 
         raise ValueError(f"For '{name}', 'student_logits' must have at least 1 dimension (the classes on the last "
                          f"axis), but got a 0-d Tensor.")
     _validation.stored_vocab(s_shape, name, sliced)
-    _validation.check_stored_teacher(teacher_ids, teacher_values, s_shape[:-1], mode, name)
+    _validation.check_stored_teacher(teacher_ids, teacher_values, _validation.lead_of(s_shape), mode, name)
     if labels is not None:
         _validation.check_labels(labels, (None,), name)
-        _validation.leading_shape(_validation.shape_of(labels), s_shape[:-1], "labels", name)
+        _validation.leading_shape(_validation.shape_of(labels), _validation.lead_of(s_shape), "labels", name)
 
 
 _checked_args = _validation.on_host(_check_args_host)

@@ -12,7 +12,7 @@ import ms_kldiv
 from ms_kldiv import distillation, reference
 from ms_kldiv.distillation import DistillationLoss
 
-from conftest import DISTILL_BACKENDS, graph_mode, to_numpy
+from conftest import DISTILL_BACKENDS, central_differences, graph_mode, to_numpy
 from _distill_cells import REDUCTIONS, all_reductions_cell, run_all
 
 NEG = -np.inf
@@ -400,3 +400,39 @@ def test_bad_weights_and_counts_compiled_give_nan(backend, mode):
         losses, d_s = run(weights, count)
         assert all(np.isnan(float(to_numpy(v))) for v in losses), (weights, count, [to_numpy(v) for v in losses])
         assert np.isnan(to_numpy(d_s)).any(), (weights, count)
+
+
+class _LossAndGrads(nn.Cell):
+    """A loss Cell's value and its gradients towards both logits (labels, if any, passed on)."""
+
+    def __init__(self, loss):
+        super().__init__()
+        self.grad = ms.value_and_grad(loss, grad_position=(0, 1))
+
+    def construct(self, s, t, labels):
+        return self.grad(s, t, labels)
+
+
+@pytest.mark.parametrize("backend", DISTILL_BACKENDS)
+def test_graph_cell_with_unknown_rank(backend):
+    """A GRAPH_MODE DistillationLoss whose set_inputs leave the rank unknown (``Tensor(shape=None)``: the shape reaches
+    the checks and the compile-time shape rules as None, which crashed them, and the labels' check compared them with
+    a leading shape of ()): the value and both gradients against float64 for 2-D and 3-D logits through one compiled
+    Cell, with ignored rows."""
+    rng = np.random.default_rng(23)
+    cell = _LossAndGrads(DistillationLoss(2.0, "tokenmean", beta=0.5, backend=backend))
+    cell.set_inputs(ms.Tensor(shape=None, dtype=ms.float32), ms.Tensor(shape=None, dtype=ms.float32),
+                    ms.Tensor(shape=None, dtype=ms.int32))
+    for shape in ((4, 6), (2, 3, 6)):
+        s, t = rng.normal(size=shape), rng.normal(size=shape)
+        labels = rng.integers(0, 6, shape[:-1]).astype(np.int32)
+        labels.reshape(-1)[1] = -100
+        s, t = s.astype(np.float32).astype(np.float64), t.astype(np.float32).astype(np.float64)
+        with graph_mode():
+            value, (d_s, d_t) = cell(ms.Tensor(s, ms.float32), ms.Tensor(t, ms.float32), ms.Tensor(labels))
+
+        def f(a, b):
+            return reference.distillation_loss(a, b, 2.0, "tokenmean", beta=0.5, labels=labels)
+        np.testing.assert_allclose(float(to_numpy(value)), f(s, t), rtol=1e-5, err_msg=str(shape))
+        np.testing.assert_allclose(to_numpy(d_s), central_differences(lambda a: f(a, t), s), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(to_numpy(d_t), central_differences(lambda b: f(s, b), t), rtol=1e-4, atol=1e-6)
