@@ -106,11 +106,10 @@ def _sparse(student_logits, teacher_ids, teacher_values, mode, temperature, teac
     # the kernels take any leading shape (no reshape: MindSpore's CPU Reshape has no bfloat16 in graph mode)
     s = student_logits
     ids = int32_ids(teacher_ids)
-    values = ops.cast(teacher_values, ms.float32)
+    # float64 logits are computed in float64 with the values as given (cast to float32 first, they lost 5e-8)
+    values = ops.cast(teacher_values, ms.float64 if dtype == ms.float64 and group is None else ms.float32)
     if mode == "sampled":
         values = ops.log(values)
-    if dtype == ms.float64 and group is None:
-        values = ops.cast(values, ms.float64)
     keep = None
     if labels is not None:
         # Ignored rows: the kernels see padding ids; their loss is selected away (NaN logits there included) and
