@@ -436,3 +436,35 @@ def test_graph_cell_with_unknown_rank(backend):
         np.testing.assert_allclose(float(to_numpy(value)), f(s, t), rtol=1e-5, err_msg=str(shape))
         np.testing.assert_allclose(to_numpy(d_s), central_differences(lambda a: f(a, t), s), rtol=1e-4, atol=1e-6)
         np.testing.assert_allclose(to_numpy(d_t), central_differences(lambda b: f(s, b), t), rtol=1e-4, atol=1e-6)
+
+
+class _PairLossAndGrads(nn.Cell):
+    def __init__(self, loss):
+        super().__init__()
+        self.grad = ms.value_and_grad(loss, grad_position=(0, 1))
+
+    def construct(self, s, t):
+        return self.grad(s, t)
+
+
+@pytest.mark.parametrize("backend", DISTILL_BACKENDS)
+@pytest.mark.parametrize("dtype", [ms.float32, ms.float64])
+def test_graph_cell_with_dynamic_rows_and_one_teacher_row(backend, dtype):
+    """DistillationLoss in a GRAPH_MODE Cell with set_inputs([None, V], [V]) (one teacher row for every student row)
+    and its gradients: MindSpore's compiler crashed the process (SIGSEGV) on the composition's broadcast between
+    ranks under dynamic dims. Value and both gradients against float64 central differences, two row counts."""
+    rng = np.random.default_rng(25)
+    np_dtype = np.float32 if dtype == ms.float32 else np.float64
+    cell = _PairLossAndGrads(DistillationLoss(2.0, "batchmean", beta=0.4, backend=backend))
+    cell.set_inputs(ms.Tensor(shape=[None, 5], dtype=dtype), ms.Tensor(shape=[5], dtype=dtype))
+    for rows in (3, 1):
+        s = rng.normal(size=(rows, 5)).astype(np_dtype).astype(np.float64)
+        t = rng.normal(size=5).astype(np_dtype).astype(np.float64)
+        with graph_mode():
+            value, (d_s, d_t) = cell(ms.Tensor(s, dtype), ms.Tensor(t, dtype))
+
+        def f(a, b):
+            return reference.distillation_loss(a, np.broadcast_to(b, a.shape), 2.0, "batchmean", beta=0.4)
+        np.testing.assert_allclose(float(to_numpy(value)), f(s, t), rtol=1e-5, err_msg=str(rows))
+        np.testing.assert_allclose(to_numpy(d_s), central_differences(lambda a: f(a, t), s), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(to_numpy(d_t), central_differences(lambda b: f(s, b), t), rtol=1e-4, atol=1e-6)

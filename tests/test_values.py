@@ -289,6 +289,27 @@ def test_graph_cell_with_unknown_rank(backend, log_target):
                 np.testing.assert_allclose(got, exp, rtol=1e-5, atol=1e-6, err_msg=f"{reduction} {what} {x_shape}")
 
 
+@pytest.mark.parametrize("dtype", [ms.float32, ms.float64])
+def test_graph_cell_with_dynamic_rows_and_a_lower_rank_target(backend, dtype):
+    """A GRAPH_MODE KLDivLoss with set_inputs([None, V], [V]) and its gradients: MindSpore's compiler crashed the
+    process (SIGSEGV) on composite and akg's broadcast between ranks under dynamic dims. Values and both gradients of
+    every reduction against float64, for two row counts through one compiled Cell."""
+    rng = np.random.default_rng(24)
+    np_dtype = np.float32 if dtype == ms.float32 else np.float64
+    for reduction in REDUCTIONS:
+        cell = _ValueAndGrads(ms_kldiv.KLDivLoss(reduction, log_target=True, backend=backend))
+        cell.set_inputs(ms.Tensor(shape=[None, 5], dtype=dtype), ms.Tensor(shape=[5], dtype=dtype))
+        for rows in (3, 1):
+            x = rng.standard_normal((rows, 5)).astype(np_dtype) - 1.0
+            t = np.log(rng.uniform(0.05, 1.0, 5)).astype(np_dtype)
+            with graph_mode():
+                value, dx, dt = (o.asnumpy() for o in cell(ms.Tensor(x), ms.Tensor(t)))
+            want = ms_reference.kl_div(x, t, reduction, True)
+            want_dx, want_dt = ms_reference.kl_div_grads(x, t, reduction, True)
+            for got, exp, what in ((value, want, "value"), (dx, want_dx, "dx"), (dt, want_dt, "dt")):
+                np.testing.assert_allclose(got, exp, rtol=1e-5, atol=1e-6, err_msg=f"{reduction} {what} {rows}")
+
+
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_compiled_broadcast_above_eight_dims(backend, reduction):
     """A target broadcast to 9 dims under ms.jit (compiled BroadcastTo takes at most 8: composite and akg failed

@@ -97,6 +97,10 @@ class KLDivWrapper(nn.Cell):
             # Every gradient of an empty broadcast is a sum of nothing, 0; autodiff's sum back through the broadcast
             # would run CPU ReduceSum on an empty tensor, which returns garbage. So the operands are cut from the
             # gradient when the broadcast is empty: known at compile time, or (unknown dims) at run time.
+            if sx != st and sx is not None and st is not None:
+                # one rank first: autodiff of a broadcast between ranks under dynamic dims crashed MindSpore
+                # 2.10's compiler (SIGSEGV after "dynamic shape inference ... overly generalized")
+                x, t = _leading_ones(x, len(st) - len(sx)), _leading_ones(t, len(sx) - len(st))
             if 0 in shape:
                 x = ops.stop_gradient(x)
                 t = ops.stop_gradient(t)
@@ -180,3 +184,10 @@ def custom_reg_info(name, target, inputs, outputs, *, formats=None, attrs=(), re
     for fmt in formats or (DataType.None_None,):
         reg = reg.dtype_format(*(fmt if isinstance(fmt[0], tuple) else [fmt] * count))
     return reg.target(target).get_op_info()
+
+
+def _leading_ones(v, count):
+    """``v`` with ``count`` (a compile-time int, nothing when <= 0) dimensions of 1 in front."""
+    for _ in range(count):
+        v = ops.expand_dims(v, 0)
+    return v
