@@ -562,7 +562,8 @@ class FusedLinearDistillationLoss(FullPrecisionCell, nn.Cell):
         - **labels** (Tensor, optional) - integer labels of the leading shape; required when ``hard_weight != 0``.
         - **student_bias**, **teacher_bias** (Tensor, optional) - ``[V]``; ``-inf`` entries mask vocabulary
           columns (padded vocabularies).
-        - **weights** (Tensor, optional) - per-token float weights of the leading shape.
+        - **weights** (Tensor, optional) - per-token float weights of the leading shape (taken as constants: no
+          gradient flows to them).
         - **num_items_in_batch** (Union[int, float, Tensor], optional) - the count the means divide by instead of
           the counted tokens here (e.g. the whole global batch's, across data-parallel ranks and accumulation steps).
 
