@@ -458,10 +458,10 @@ def _as_dtype(first_order, g, dout, one, primals, k):
 
 class _FirstOrderScale(nn.Cell):
     """``g * dout`` for a gradient ``g`` that the chunk pass computed from one model's hidden states, weight and bias
-    ``h``, ``w``, ``b``, whose own derivative is NaN (towards each of them): the
-    head is first order, and differentiating its gradients again (a Hessian-vector product, a gradient penalty) saw
-    them as constants: 0, silently. (NaN, not a raise: graph mode builds this bprop even when nobody
-    differentiates twice.) Only a second differentiation runs the bprop; the first pays nothing."""
+    ``h``, ``w``, ``b``, whose own derivative is NaN (towards each of them): the head is first order, and
+    differentiating its gradients again (a Hessian-vector product, a gradient penalty) saw them as constants: 0,
+    silently. (NaN, not a raise: graph mode builds this bprop even when nobody differentiates twice.) Only a second
+    differentiation runs the bprop; the first pays nothing."""
 
     def __init__(self):
         super().__init__()
