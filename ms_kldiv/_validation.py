@@ -304,12 +304,12 @@ def stored_vocab(s_shape, name, sliced=False):
                          f"shape {tuple(s_shape)}.")
 
 
-@constexpr
 def lead_of(shape):
     """The leading shape of logits of ``shape`` [..., V]: ``(-2,)`` (unknown) where their rank is unknown."""
     return (-2,) if -2 in tuple(shape) else tuple(shape)[:-1]
 
 
+@constexpr
 def leading_shape(shape, lead, arg, name):
     """``shape`` equals ``lead`` where both are known (a dynamic rank is not checked)."""
     if -2 in tuple(shape) or -2 in tuple(lead):
