@@ -31,6 +31,15 @@ struct Hyper {
   bool tail;
 };
 
+// A confident student's tail: a kernel's sweep sums Z_off as float32 exponentials relative to a maximum that sits on
+// an id, so from a logit gap of ~87 T (flushed; ~103 T otherwise) the tail's terms underflow and are lost. Under this
+// bound for Z_off (relative to the row's maximum) they may be all of it, above it they are below float rounding: rows
+// under it sum the classes off the ids once more, relative to their own maximum.
+constexpr double kTailRescue = 0x1p-64;
+// log of the smallest positive double: a tail further below the row's maximum has no mass in the float64 definition
+// (ms_kldiv.reference), which then has no tail.
+constexpr double kLogMinDouble = -745.1332191019412;
+
 DISTILL_HD Hyper hyper_of(const double *h) {
   Hyper o;
   o.t = static_cast<float>(h[0]);

@@ -137,16 +137,10 @@ __device__ __forceinline__ uint64_t tile_mask(const int32_t *ids, int64_t k, int
 }
 
 // ------------------------------------------------------------------------------------------ forward
-// A confident student's tail (the CPU kernels' off_ids_log_z, custom_ops/cpu/sparse_kernels.inc): a thread's terms are
-// float32 exponentials relative to its base, which sits on an id once the thread has met one above its other classes,
-// so its later classes off the ids underflow from a gap of ~87 T (flushed) or ~103 T below it and were lost. Terms lost
-// or left subnormal lie below e^-87 of the row's maximum: under this bound for Z_off (relative to that maximum) they
-// may be all of it, above it they are below float rounding. Rows under it sum the classes off the ids once more,
-// relative to their own maximum.
-constexpr double kTailRescue = 0x1p-64;
-// log of the smallest positive double: a tail further below the row's maximum has no mass in the float64 definition
-// (ms_kldiv.reference), which then has no tail.
-constexpr double kLogMinDouble = -745.1332191019412;
+// A confident student's tail (kTailRescue, kLogMinDouble: sparse_math.h): a thread's terms are float32 exponentials
+// relative to its base, which sits on an id once the thread has met one above its other classes, so its later classes
+// off the ids underflow and were lost; rows under kTailRescue sum the classes off the ids once more, relative to their
+// own maximum (the CPU kernels' off_ids_log_z).
 
 // One sweep of this thread's classes of the row, into a state of its own (not yet merged across the group).
 // kOffOnly = false: every class into z and the classes off the ids into z_off too, m the maximum of all (the forward's
