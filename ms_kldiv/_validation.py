@@ -21,6 +21,12 @@ HALF_DTYPES = (ms.float16, ms.bfloat16)
 
 
 # ------------------------------------------------------------------------------------------- checks on the host
+def static_shape(shape):
+    """``ops.shape`` as the checks take it: an unknown rank as ``(-2,)``, which ms.jit gives and a GRAPH_MODE Cell
+    gives as None."""
+    return (-2,) if shape is None else tuple(shape)
+
+
 class TensorMeta:
     """What the checks read of a Tensor, as constants: its shape (``ops.shape``: unknown dims None or -1, an unknown
     rank ``(-2,)``) and dtype. While a graph compiles, a constexpr receives only a placeholder for a variable
@@ -28,7 +34,7 @@ class TensorMeta:
     __slots__ = ("shape", "dtype")
 
     def __init__(self, shape, dtype):
-        self.shape = (-2,) if shape is None else tuple(shape)  # a GRAPH_MODE Cell's unknown rank arrives as None
+        self.shape = static_shape(shape)
         self.dtype = dtype
 
     @property

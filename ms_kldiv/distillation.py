@@ -192,12 +192,8 @@ def _known_rows_fn(shape):
     return 1 if len(shape) == 1 else _known_size(shape[:-1])
 
 
-def _shape_fn(shape):
-    return (-2,) if shape is None else tuple(shape)
-
-
-# ``ops.shape`` for the constexprs below, an unknown rank as ms.jit gives it, (-2,) (a GRAPH_MODE Cell gives None)
-_static_shape = constexpr(_shape_fn, check=False)
+# ``ops.shape`` for the constexprs below, an unknown rank as (-2,)
+_static_shape = constexpr(_validation.static_shape, check=False)
 
 
 def _shape(x):
