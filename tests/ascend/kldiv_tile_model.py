@@ -5,9 +5,9 @@ with g++ into a cache directory), so every tiling number below is the C++ one, n
 
 ``forward`` / ``backward`` replay the kernels' loops in NumPy: the same core ranges and tiles, the same
 float32 operations in the same order as ``op_kernel/kl_div_common.h`` (safe operands, Ln/Exp, Sub, Mul,
-...), the accumulator tile summed lane by lane over the tiles of a core, a fold of that tile per core, and the
-core partials added in core order. Two things are modelled, not replayed: the AI Core's Ln/Exp are taken as
-correctly rounded float32 (NumPy's), and ReduceSum's internal order (hardware-defined) as a pairwise tree.
+...), the accumulator tiles summed lane by lane over the tiles of a core (compensated), the compensated fold of
+those tiles per core, and the core partials added in core order. One thing is modelled, not replayed: the AI
+Core's Ln/Exp are taken as correctly rounded float32 (NumPy's).
 """
 import ctypes
 import hashlib
@@ -198,14 +198,43 @@ def _grads(xs, ts, mask, log_target):
     return np.where(mask, dx, np.float32(0)), np.where(mask, dt, np.float32(0))
 
 
-def _tree_sum(v):
-    """Pairwise float32 fold: the model of ReduceSum over the accumulator tile."""
-    v = np.asarray(v, np.float32)
-    while v.size > 1:
-        if v.size % 2:
-            v = np.append(v, np.float32(0))
-        v = v[0::2] + v[1::2]
-    return np.float32(v[0]) if v.size else np.float32(0)
+def _two_sum(a, b):
+    """s + e == a + b exactly (Knuth), in float32, on scalars or arrays: the kernels' TwoSum."""
+    with np.errstate(all="ignore"):  # inf - inf: the correction of an inf sum is NaN
+        s = np.float32(a) + np.float32(b)
+        bb = s - a
+        return s, (a - (s - bb)) + (b - bb)
+
+
+def _kahan_add(acc, comp, w):
+    """One tile into the accumulator lanes (a lane's sum is acc - comp); comp reset where it is not below +inf."""
+    with np.errstate(all="ignore"):  # inf - inf in comp, reset below
+        y = w - comp
+        s = acc + y
+        comp[:] = (s - acc) - y
+    acc[:] = s
+    comp[~(comp < np.float32(np.inf))] = 0
+
+
+def _fold(acc, comp):
+    """A core's partial (sum, correction): the lanes folded in halves on 32 B (8-float) boundaries down to one
+    block, each addition's rounding error into the correction, then that block's lanes one by one."""
+    acc, comp = acc.copy(), comp.copy()
+    n = acc.size
+    while n > 8:
+        half = 8 * ((n // 8 + 1) // 2)
+        upper = n - half
+        s, e = _two_sum(acc[:upper], acc[half:n])
+        with np.errstate(all="ignore"):
+            comp[:upper] = (comp[:upper] + comp[half:n]) - e
+        acc[:upper] = s
+        n = half
+    total, err = np.float32(0), np.float32(0)
+    for i in range(n):
+        total, rounding = _two_sum(total, acc[i])
+        with np.errstate(all="ignore"):
+            err = np.float32(err + np.float32(rounding - comp[i]))
+    return total, err
 
 
 def _stale(count, valid, rng):
@@ -231,6 +260,7 @@ def forward(tiling, x, t, reduction, log_target, dtype="float32", cores=ASCEND91
     partials = []
     for core in range(plan["used_cores"]):
         acc = np.zeros(plan["tile_length"], np.float32)
+        comp = np.zeros_like(acc)
         for off, valid, count in tiling.tiles(plan, core):
             xt = np.concatenate([xf[off:off + valid], _stale(count, valid, rng)])
             tt = np.concatenate([tf[off:off + valid], _stale(count, valid, rng)])
@@ -238,15 +268,19 @@ def forward(tiling, x, t, reduction, log_target, dtype="float32", cores=ASCEND91
             xs, ts = _safe(xt, tt, mask, log_target)
             w = _loss(xs, ts, log_target)
             if reduce:
-                acc[:valid] += w[:valid]
+                _kahan_add(acc[:valid], comp[:valid], w[:valid])
             else:
                 y[off:off + valid] = quantize(w[:valid], dtype)
-        partials.append(_tree_sum(acc))
+        partials.append(_fold(acc, comp))
     if not reduce:
         return y.reshape(shape)
-    total = np.float32(0)
-    for p in partials:
-        total = np.float32(total + p)
+    total, err = np.float32(0), np.float32(0)
+    with np.errstate(all="ignore"):
+        for partial, correction in partials:
+            total, rounding = _two_sum(total, partial)
+            err = np.float32(err + np.float32(rounding + correction))
+        if total - total == 0:  # an inf or NaN sum stands as it is (its correction is NaN)
+            total = np.float32(total + err)
     if first_dim is None:
         first_dim = shape[0] if len(shape) else 1
     with np.errstate(all="ignore"):

@@ -44,7 +44,6 @@ using namespace AscendC;
 
 using namespace tile_io;
 
-constexpr float kPosInf = __builtin_inff();
 constexpr float kFloatMax = 3.40282346638528859812e+38f;  // FLT_MAX
 
 // dst = float32(src) * invT: the scaled logits (Cast is exact for the half types). invT: 1/T, with the logits'

@@ -26,7 +26,7 @@ constexpr uint32_t kCoreAlign = tiling_common::kComputeAlign;
 // Below this many elements per core, starting one more core costs more than it saves.
 constexpr uint32_t kMinElemsPerCore = 4096;
 // UB kept out of the tile budget for our own small buffers: the per-core partial, the final pass over all
-// cores' partials (<= kMaxCores * 32 B), the ReduceSum work area's fixed part; 2112 B at most.
+// cores' partials (<= kMaxCores * 32 B); 2080 B at most.
 constexpr uint32_t kUbReserveBytes = 4096;
 constexpr uint32_t kMaxCores = 64;
 constexpr uint32_t kPartialStrideBytes = 32;  // one 32 B block of workspace per core partial sum
@@ -59,13 +59,12 @@ KLDIV_TILING_FN uint32_t BitsPerElement(uint32_t mode, uint32_t io) {
   uint32_t work = 0;    // single float32 work buffers
   switch (mode) {
     case kForwardNone:    queues = 3; work = 3; break;  // in: x, t; out: y | xs, ts, w
-    case kForwardReduce:  queues = 2; work = 4; break;  // in: x, t | xs, ts, w, acc
+    case kForwardReduce:  queues = 2; work = 5; break;  // in: x, t | xs, ts, w, acc, comp
     case kBackwardNone:   queues = 5; work = 5; break;  // in: x, t, dout; out: dx, dt | xs, ts, w1, w2, g
     default:              queues = 4; work = 4; break;  // in: x, t; out: dx, dt | xs, ts, w1, w2
   }
   const uint32_t bytes = kBufferNum * queues * io + work * f32;
-  // + 1 bit of select mask; + ReduceSum's work area (one float32 per 64-element repeat) when reducing.
-  return bytes * 8 + 1 + (mode == kForwardReduce ? 8 * f32 / 64 : 0);
+  return bytes * 8 + 1;  // + 1 bit of select mask
 }
 
 // Largest tile whose buffers fit the UB (tiling_common.h FitTile); 0 if even one does not.

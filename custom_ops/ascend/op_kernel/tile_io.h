@@ -10,6 +10,7 @@ namespace tile_io {
 using namespace AscendC;
 
 constexpr float kNegInf = -__builtin_inff();
+constexpr float kPosInf = __builtin_inff();
 
 // DataCopy moves whole 32 B blocks between 32 B aligned addresses only; any other transfer takes DataCopyPad.
 template <typename T>
