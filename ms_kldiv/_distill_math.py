@@ -345,14 +345,14 @@ def slice_grads(student, teacher, stats, temperature, beta, want_teacher, varian
 
 
 def cross_entropy_and_grad(logits, labels, keep, weights=None, z_loss=0.0, label_smoothing=0.0):
-    """(sum over kept rows of their weight times the hard-label loss, its gradient). The loss of a row is
+    """(each row's hard-label loss [C], the gradient of their sum weighted by ``weights``). The loss of a row is
 
         (1 - eps) (-log p[label]) + eps * mean over the classes with a finite logit of (-log p_j)  +  z lse^2
 
     (eps = ``label_smoothing``, PyTorch's and Liger's label smoothing, the uniform part over the classes a padded
     vocabulary really has; z = ``z_loss``, PaLM's and Liger's penalty on the log-normalizer). Rows not kept
-    contribute exact zeros, whatever their logits hold; a kept row whose label is outside [0, V) makes the loss and
-    its gradient NaN (compiled code cannot raise; a silently wrong mean would be worse)."""
+    have loss 0 and exact zero gradients, whatever their logits hold; a kept row whose label is outside [0, V) has
+    loss and gradient NaN (compiled code cannot raise; a silently wrong mean would be worse)."""
     log_p = ops.log_softmax(logits, -1)
     vocab = logits.shape[-1]
     keep2 = ops.expand_dims(keep, 1)
@@ -376,9 +376,9 @@ def cross_entropy_and_grad(logits, labels, keep, weights=None, z_loss=0.0, label
         lse = ops.logsumexp(ops.where(keep2, logits, 0.0), -1)
         row_loss = row_loss + z * lse * lse
         grad = grad + 2.0 * z * ops.expand_dims(lse, 1) * p
-    loss = ops.sum(ops.where(outside, float("nan"), 0.0)) + ops.sum(ops.where(keep, row_loss * w, 0.0))
+    rows = ops.where(outside, float("nan"), ops.where(keep, row_loss, 0.0))
     grad = ops.where(keep2, grad * w2, 0.0)
-    return loss, ops.where(ops.expand_dims(outside, 1), float("nan"), grad)
+    return rows, ops.where(ops.expand_dims(outside, 1), float("nan"), grad)
 
 
 def sliced_cross_entropy_and_grad(logits, labels, keep, weights, z_loss, label_smoothing, vocab_start, vocab,
@@ -417,7 +417,7 @@ def sliced_cross_entropy_and_grad(logits, labels, keep, weights, z_loss, label_s
         z = ops.cast(_f64(z_loss), logits.dtype)
         row_loss = row_loss + z * lse * lse
         grad = grad + 2.0 * z * ops.expand_dims(lse, 1) * p
-    loss = ops.sum(ops.where(outside, float("nan"), 0.0)) + ops.sum(ops.where(keep, row_loss * w, 0.0))
+    rows = ops.where(outside, float("nan"), ops.where(keep, row_loss, 0.0))
     grad = ops.where(keep2, grad * ops.expand_dims(w, 1), 0.0)
     grad = ops.where(ops.expand_dims(outside, 1), float("nan"), grad)
-    return loss, (grad[:, :0] if width == 0 else grad)
+    return rows, (grad[:, :0] if width == 0 else grad)

@@ -66,8 +66,9 @@ class _ChunkStep(nn.Cell):
 
     The carry is (inputs..., accumulators...): hidden states [N, H], weights [V, H], biases [V] (0-d: none) of both
     models (the teacher's hidden states are its logits [N, V] when ``teacher_logits``), labels [N] int32, the 0-d scale
-    1 / counted rows, ``0..C-1`` (int32 [C]: C, the rows per chunk, is its static length); then the loss and the
-    gradients of the six tensors (a 0-d zero for those not computed).
+    1 / counted rows, ``0..C-1`` (int32 [C]: C, the rows per chunk, is its static length); then the loss, the
+    gradients of the six tensors and each row's loss [N] (unweighted and unscaled: the weights' gradient is
+    scale * row loss), a 0-d zero for those not computed.
     ``student`` / ``teacher``: which gradients this pass computes (the loss comes with the student's)."""
 
     def __init__(self, kernels, temperature, beta, ignore_index, hard_weight, soft_weight, student, teacher,
@@ -103,7 +104,7 @@ class _ChunkStep(nn.Cell):
                                    else _TeacherOnly(kernels, temperature, beta, variant))
 
     def construct(self, i, carry):
-        hs, ws, bs, ht, wt, bt, labels, weights, scale, offsets, vocab, loss, dhs, dws, dbs, dht, dwt, dbt = carry
+        hs, ws, bs, ht, wt, bt, labels, weights, scale, offsets, vocab, loss, dhs, dws, dbs, dht, dwt, dbt, lrows = carry
         rows = ops.cast(ops.dyn_shape(labels)[0], ms.int32)
         idx = offsets + i * offsets.shape[0]
         inside = idx < rows
@@ -129,7 +130,9 @@ class _ChunkStep(nn.Cell):
         stats = self.kernel_rows(s_c, *teacher_c)
         at = ops.expand_dims(idx, 1)
         if self.student:
-            loss = loss + ops.sum(ops.where(keep, row_loss(stats, self.mark) * g, 0.0)) * (self.soft_weight * scale)
+            soft = ops.where(keep, row_loss(stats, self.mark), 0.0)
+            loss = loss + ops.sum(soft * g) * (self.soft_weight * scale)
+            rows_c = soft * self.soft_weight
             ds = self.kernel_student(s_c, *teacher_c, stats, g) * (self.soft_weight * scale)
             if self.hard_weight != 0:
                 z = transformed(s_c, self.variant, self.wide) if self.transformed else s_c
@@ -144,17 +147,21 @@ class _ChunkStep(nn.Cell):
                                                        self.label_smoothing)
                 if self.transformed:
                     dce = dce * transform_slope(s_c, self.variant, self.wide)
-                loss = loss + hard * (self.hard_weight * scale)
+                loss = loss + ops.sum(hard * g) * (self.hard_weight * scale)
+                rows_c = rows_c + hard * self.hard_weight
                 ds = ds + dce * (self.hard_weight * scale)
             dhs = ops.tensor_scatter_add(dhs, at, ops.matmul(ds, ws))
             dws = dws + _t_matmul(ds, hs_c)
             dbs = _bias_grad(dbs, ds)
+            # (the last chunk's overhang adds its zeros onto the last row)
+            lrows = ops.tensor_scatter_add(lrows, at, rows_c)
         if self.teacher:
             dt = self.kernel_teacher(s_c, *teacher_c, stats, g) * (self.soft_weight * scale)
             dht = ops.tensor_scatter_add(dht, at, ops.matmul(dt, wt))
             dwt = dwt + _t_matmul(dt, ht_c)
             dbt = _bias_grad(dbt, dt)
-        return hs, ws, bs, ht, wt, bt, labels, weights, scale, offsets, vocab, loss, dhs, dws, dbs, dht, dwt, dbt
+        return (hs, ws, bs, ht, wt, bt, labels, weights, scale, offsets, vocab, loss, dhs, dws, dbs, dht, dwt, dbt,
+                lrows)
 
 
 def _plus_bias(logits, bias):
@@ -201,7 +208,8 @@ def _chunk_plan(shape, vocab, chunk_size, chunk_bytes):
 
 class _ChunkLoop(nn.Cell):
     """One pass of the chunk loop (``_ChunkStep`` as its body) over the inputs of ``_FusedCore``: (loss, d hs, d ws,
-    d bs, d ht, d wt, d bt), a 0-d zero for what this pass does not compute (no [V, H] buffer is held for it)."""
+    d bs, d ht, d wt, d bt, row losses), a 0-d zero for what this pass does not compute (no [V, H] buffer is held for
+    it)."""
 
     def __init__(self, step, chunk_size, chunk_bytes, group=None):
         super().__init__()
@@ -228,15 +236,16 @@ class _ChunkLoop(nn.Cell):
         # the 0-d scale: 1 / the counted rows' weights (0 when they sum to 0: nothing is counted; NaN for a bad count)
         scale = _math.over_count(ops.ones_like(count), count)
         vocab = self._vocab(ws)
-        carry = (hs, ws, bs, ht, wt, bt, labels, weights, scale, offsets, vocab, zero) + student + teacher
+        rows = ops.zeros_like(weights) if self.student else zero
+        carry = (hs, ws, bs, ht, wt, bt, labels, weights, scale, offsets, vocab, zero) + student + teacher + (rows,)
         out = ops.ForiLoop()(0, chunks, self.step, carry, unroll=False)[11:]
         if not self.sliced:
             return out
-        loss, dhs, dws, dbs, dht, dwt, dbt = out
+        loss, dhs, dws, dbs, dht, dwt, dbt, rows = out
         dhs = self.total(dhs) if self.student else dhs
         # (after the student's: two collectives with no data path between them could start in either order)
         dht = self.total(ops.depend(dht, dhs)) if self.teacher else dht
-        return loss, dhs, dws, dbs, dht, dwt, dbt
+        return loss, dhs, dws, dbs, dht, dwt, dbt, rows
 
     def _vocab(self, ws):
         """int32 [2]: this rank's first vocabulary column and the whole vocabulary (``SliceInfo``)."""
@@ -373,6 +382,7 @@ class _FusedCore(nn.Cell):
             self.teacher_gradients = _TeacherGradients(chunk_loop(False, True))
 
     def construct(self, hs, ws, bs, ht, wt, bt, labels, weights, count):
+        weights_in, count_in = weights, count
         inputs = _cut(hs, ws, bs, ht, wt, bt, labels, weights, count)
         loop = self.student_loop if compiled(hs) else self.student_loop_pynative
         hs_, ws_, bs_, ht_, wt_, bt_, labels, weights, count = inputs
@@ -384,7 +394,9 @@ class _FusedCore(nn.Cell):
             # skips it. PyNative runs the optimizer after the backward.)
             snap_ws, snap_bs = _snapshot(ws_, self.copies_bfloat16), _snapshot(bs_, self.copies_bfloat16)
             inputs = (hs_, ops.depend(ws_, snap_ws), ops.depend(bs_, snap_bs)) + inputs[3:]
-        loss = self.with_gradients(hs, ws, bs, ht_, wt_, bt_, *_cut(*loop(*inputs)[:4]))
+        out = loop(*inputs)
+        loss = self.with_gradients(hs, ws, bs, ht_, wt_, bt_, weights_in, count_in,
+                                   *_cut(out[0], out[1], out[2], out[3], out[7]))
         if not self.teacher_grad:
             return loss
         # the teacher's pass after the student's: else the optimizer may update the teacher from its gradients
@@ -411,28 +423,36 @@ class _TeacherGradients(nn.Cell):
 
     def bprop(self, hs, ws, bs, ht, wt, bt, labels, weights, count, out, dout):
         loop = self.teacher_loop if compiled(hs) else self.teacher_loop_pynative
-        _, _, _, _, dh_t, dw_t, db_t = loop(hs, ws, bs, *_cut(ht, wt, bt), labels, weights, count)
+        _, _, _, _, dh_t, dw_t, db_t, _ = loop(hs, ws, bs, *_cut(ht, wt, bt), labels, weights, count)
         return ((_discarded(hs), _discarded(ws), _discarded(bs))
                 + _scaled(self.first_order, (dh_t, dw_t, db_t), dout, (ht, wt, bt))
                 + (_discarded(labels), _discarded(weights), _discarded(count)))
 
 
 class _WithGradients(nn.Cell):
-    """(the six tensors, the loss and the student's gradients computed by the chunk loop) -> the loss, whose bprop is
-    the given gradients times the incoming gradient, and zeros for the teacher's (``_TeacherGradients`` gives
-    theirs)."""
+    """(the six tensors, the row weights and the count the means divide by, the loss, the student's gradients and
+    each row's loss computed by the chunk loop) -> the loss, whose bprop is the given gradients times the incoming
+    gradient, zeros for the teacher's (``_TeacherGradients`` gives theirs), and for the weights and the count those
+    of loss = scale * sum(weight * row loss), scale = 1 / count: scale * row loss and -scale * loss (the caller's
+    count is a sum of the counted rows' weights, or the caller's ``num_items_in_batch``: autodiff goes on from
+    there)."""
 
     def __init__(self):
         super().__init__()
         self.first_order = _FirstOrderScale()
 
-    def construct(self, hs, ws, bs, ht, wt, bt, loss, dh_s, dw_s, db_s):
+    def construct(self, hs, ws, bs, ht, wt, bt, weights, count, loss, dh_s, dw_s, db_s, rows):
         return loss
 
-    def bprop(self, hs, ws, bs, ht, wt, bt, loss, dh_s, dw_s, db_s, out, dout):
+    def bprop(self, hs, ws, bs, ht, wt, bt, weights, count, loss, dh_s, dw_s, db_s, rows, out, dout):
         grads = _scaled(self.first_order, (dh_s, dw_s, db_s), dout, (hs, ws, bs))
-        return grads + (_discarded(ht), _discarded(wt), _discarded(bt), _discarded(loss), _discarded(dh_s),
-                        _discarded(dw_s), _discarded(db_s))
+        scale = _math.over_count(ops.ones_like(count), count)
+        # (through _FirstOrderScale: both depend on the hidden states and heads, and a second differentiation would
+        # take them for constants)
+        d_weights = ops.cast(self.first_order(rows * scale, dout, hs, ws, bs), weights.dtype)
+        d_count = ops.cast(self.first_order(-loss * scale, dout, hs, ws, bs), count.dtype)
+        return grads + (_discarded(ht), _discarded(wt), _discarded(bt), d_weights, d_count, _discarded(loss),
+                        _discarded(dh_s), _discarded(dw_s), _discarded(db_s), _discarded(rows))
 
 
 def _scaled(first_order, grads, dout, primals):
@@ -562,8 +582,9 @@ class FusedLinearDistillationLoss(FullPrecisionCell, nn.Cell):
         - **labels** (Tensor, optional) - integer labels of the leading shape; required when ``hard_weight != 0``.
         - **student_bias**, **teacher_bias** (Tensor, optional) - ``[V]``; ``-inf`` entries mask vocabulary
           columns (padded vocabularies).
-        - **weights** (Tensor, optional) - per-token float weights of the leading shape (taken as constants: no
-          gradient flows to them).
+        - **weights** (Tensor, optional) - per-token float weights of the leading shape, ``>= 0``: each token's
+          loss is multiplied by its weight and the mean divides by the counted tokens' weights; differentiable (a
+          learned weighting).
         - **num_items_in_batch** (Union[int, float, Tensor], optional) - the count the means divide by instead of
           the counted tokens here (e.g. the whole global batch's, across data-parallel ranks and accumulation steps).
 

@@ -297,7 +297,8 @@ def _hard_reference(logits, labels, z_loss, eps):
 def test_head_variants_weights_z_loss_label_smoothing(backend, exec_mode):
     """The chunked head with a divergence, a soft cap, weights, z_loss and label smoothing equals the float64
     definition on the full logits (both terms weighted, divided by the counted rows' weights); gradients of the
-    hidden states, weight and bias by the chain rule."""
+    hidden states, weight and bias by the chain rule, of the row weights by central differences (they enter the
+    sum and the count it is divided by), and with ``num_items_in_batch`` (the count given) too."""
     rng = np.random.default_rng(24)
     rows, hidden, vocab = 9, 5, 13
     h, ht = rng.normal(size=(rows, hidden)), rng.normal(size=(rows, hidden))
@@ -316,33 +317,38 @@ def test_head_variants_weights_z_loss_label_smoothing(backend, exec_mode):
             super().__init__()
             self.head = head
 
-        def construct(self, h, w, b, ht, wt, labels, weights):
-            return self.head(h, w, ht, wt, labels, b, None, weights)
+        def construct(self, h, w, b, ht, wt, labels, weights, items=None):
+            return self.head(h, w, ht, wt, labels, b, None, weights, items)
 
     args = [Tensor(a, ms.float32) for a in (h, w, b, ht, wt)] + [Tensor(labels, ms.int32),
                                                                  Tensor(weights, ms.float32)]
-    fn = ms.value_and_grad(Net(), grad_position=(0, 1, 2))
-    if exec_mode == "graph":
-        with graph_mode():
-            value, grads = fn(*args)
-    else:
+    fn = ms.value_and_grad(Net(), grad_position=(0, 1, 2, 6))
+    items = 11.0
+    with graph_mode() if exec_mode == "graph" else contextlib.nullcontext():
         value, grads = fn(*args)
+        _, d_weights_items = ms.value_and_grad(Net(), grad_position=6)(*args, Tensor(items, ms.float32))
     hr, wr, br, htr, wtr = (to_numpy(a) for a in args[:5])
     keep = labels != -100
     teacher_logits = htr @ wtr.T
 
-    def loss_of(logits):
-        soft = ref.distillation_loss(logits, teacher_logits, 2.0, "tokenmean", 0.0, labels, weights=weights,
-                                     divergence="skew_kl", alpha=0.2, softcap=4.0)
+    def loss_of(logits, weights=weights, count=None):
+        soft = ref.distillation_loss(logits, teacher_logits, 2.0, "sum" if count else "tokenmean", 0.0, labels,
+                                     weights=weights, divergence="skew_kl", alpha=0.2, softcap=4.0) / (count or 1)
         capped = 4.0 * np.tanh(logits / 4.0)
         hard = _hard_reference(capped, np.where(keep, labels, 0), 1e-2, 0.1)
-        return soft + 0.5 * np.sum(np.where(keep, hard * weights, 0.0)) / np.sum(weights[keep])
+        return soft + 0.5 * np.sum(np.where(keep, hard * weights, 0.0)) / (count or np.sum(weights[keep]))
 
     logits = hr @ wr.T + br
     d_logits = central_differences(loss_of, logits)
     np.testing.assert_allclose(float(value), loss_of(logits), rtol=2e-6)
     for got, exp, name in zip(grads, (d_logits @ wr, d_logits.T @ hr, d_logits.sum(0)), ("hidden", "weight", "bias")):
         np.testing.assert_allclose(to_numpy(got), exp, atol=3e-6, err_msg=name)
+    # the row weights (an ignored row's weight has no effect: 0; a counted row's weight of 0 still has a gradient)
+    d_weights = central_differences(lambda v: loss_of(logits, v), weights)
+    assert d_weights[2] == 0.0 and d_weights[4] != 0.0
+    np.testing.assert_allclose(to_numpy(grads[3]), d_weights, atol=3e-6, err_msg="row weights")
+    d_weights = central_differences(lambda v: loss_of(logits, v, items), weights)
+    np.testing.assert_allclose(to_numpy(d_weights_items), d_weights, atol=3e-6, err_msg="row weights, num_items")
 
 
 class _HeadOnLogits(nn.Cell):

@@ -8,8 +8,10 @@
 //   scale = 1 / count, 0 when count <= 0), 9 hyper float64 [17] (head_cpu.cc's enum Hyper: the distillation
 //   kernels' six, then ignore_index, hard_weight, soft_weight, z_loss, label_smoothing, chunk rows (0: from the
 //   budget), mark, chunk bytes, chunk cap, chunk floor, chunk ceiling in bytes).
-//   HeadStudent      nparam 14: outputs 10 loss float32 [1], 11 d hs float32 [N, H], 12 d ws float32 [V, H],
-//                    13 d bs float32 (bs' shape, [1] for none)
+//   HeadStudent      nparam 15: outputs 10 loss float32 [1], 11 d hs float32 [N, H], 12 d ws float32 [V, H],
+//                    13 d bs float32 (bs' shape, [1] for none), 14 row losses float32 [N] (each counted row's
+//                    soft_weight * soft loss + hard_weight * hard loss, unweighted and unscaled; 0 where not
+//                    counted): the gradient of the loss towards the row weights is scale * row loss.
 //   HeadTeacher      nparam 13: outputs 10 d ht, 11 d wt, 12 d bt (float32, the inputs' shapes, [1] for no bias)
 // A row is counted when its label is not ignore_index; rows not counted have their hidden states read as zeros and
 // give exact zero gradients. The loss is

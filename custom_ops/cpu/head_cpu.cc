@@ -209,7 +209,7 @@ void gather_part(void *ctx, int part, int parts) {
 }
 
 // The cross-entropy of the hard labels (ms_kldiv._distill_math.cross_entropy_and_grad) on one row of the student's
-// logits: returns the row's loss times its weight g; adds g * coef * d(loss)/d(logits) to d.
+// logits: returns the row's loss; adds g * coef * d(loss)/d(logits) to d (g: the row's weight).
 struct Hard {
   double z_loss, smoothing, coef;
   distill::Transform f;
@@ -252,7 +252,7 @@ double hard_row(const float *s, int64_t v, int64_t label, float g, const Hard &h
     if (j == label) grad -= static_cast<float>(1.0 - eps);
     d[j] += scale * (tf ? grad * distill::transform_slope(h.f, s[j]) : grad);
   }
-  return loss * g;
+  return loss;
 }
 
 struct HardRows {
@@ -264,7 +264,7 @@ struct HardRows {
   const bool *counted;
   const Hard *h;
   int64_t c;
-  double *out;  // [c] each row's weighted loss
+  double *out;  // [c] each row's loss (unweighted)
 };
 
 void hard_part(void *ctx, int part, int parts) {
@@ -297,7 +297,7 @@ KLDIV_EXPORT int64_t KLDivHeadChunkRows(const double *hyper, int64_t n, int64_t 
 namespace {
 
 int run(bool student, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
-  if (nparam != (student ? 14 : 13) || ndims[0] != 2 || ndims[1] != 2 || ndims[3] != 2 || ndims[4] != 2) return 1;
+  if (nparam != (student ? 15 : 13) || ndims[0] != 2 || ndims[1] != 2 || ndims[3] != 2 || ndims[4] != 2) return 1;
   if (strcmp(dtypes[9], "float64") != 0 || strcmp(dtypes[6], "int32") != 0 || !sgemm()) return 1;
   const int64_t n = shapes[0][0], v = shapes[1][0];
   const double *hyper = static_cast<const double *>(params[9]);
@@ -322,6 +322,8 @@ int run(bool student, int nparam, void **params, int *ndims, int64_t **shapes, c
   grads.db = grads.bias ? static_cast<float *>(params[out0 + 2]) : nullptr;
   if (!grads.bias) *static_cast<float *>(params[out0 + 2]) = 0.0f;  // (the [1] gradient of an absent bias)
   float *loss_out = student ? static_cast<float *>(params[10]) : nullptr;
+  // each row's soft_weight * soft + hard_weight * hard loss, 0 where not counted: the weights' gradient (times scale)
+  float *rows_out = student ? static_cast<float *>(params[14]) : nullptr;
   const int32_t *labels = static_cast<const int32_t *>(params[6]);
   const float *row_weights = static_cast<const float *>(params[7]);
   const float count = *static_cast<const float *>(params[8]);
@@ -337,6 +339,7 @@ int run(bool student, int nparam, void **params, int *ndims, int64_t **shapes, c
     memset(grads.dw, 0, sizeof(float) * v * grads.w.cols);
     if (grads.db) memset(grads.db, 0, sizeof(float) * v);
     if (loss_out) *loss_out = 0.0f;
+    if (rows_out) memset(rows_out, 0, sizeof(float) * n);
     return 0;
   }
   std::vector<float> s(static_cast<size_t>(chunk * v)), t(static_cast<size_t>(chunk * v));
@@ -379,6 +382,9 @@ int run(bool student, int nparam, void **params, int *ndims, int64_t **shapes, c
         const float *row = &stats[r * distill::kStats];
         const double loss = mark && !isfinite(row[distill::kLogZStudent]) ? NAN : row[distill::kLoss];
         soft_sum += loss * g;
+        rows_out[r0 + r] = static_cast<float>(loss * soft_weight);
+      } else if (student) {
+        rows_out[r0 + r] = 0.0f;
       }
     }
     // the gradient of the logits overwrites the other model's logits (the kernels read each class before writing it)
@@ -392,7 +398,10 @@ int run(bool student, int nparam, void **params, int *ndims, int64_t **shapes, c
       HardRows k{s.data(), d, v, r0, labels, dloss.data(), counted.get(), &hard, c, hard_loss.data()};
       kldiv::cpu::parallel_run(static_cast<int>(std::min<int64_t>(c, kldiv::cpu::threads_for(c * v * 4))),
                                &hard_part, &k);
-      for (int64_t r = 0; r < c; ++r) hard_sum += hard_loss[r];
+      for (int64_t r = 0; r < c; ++r) {
+        hard_sum += hard_loss[r] * dloss[r];
+        if (counted[r]) rows_out[r0 + r] = static_cast<float>(rows_out[r0 + r] + hard_loss[r] * hard_weight);
+      }
     }
     const int i = student ? 0 : 1;
     Products p{c, v, grads.w.cols, x[i], grads.w, nullptr, nullptr, d, grads.dhidden + r0 * grads.w.cols, grads.dw,
@@ -404,14 +413,16 @@ int run(bool student, int nparam, void **params, int *ndims, int64_t **shapes, c
   return 0;
 }
 
-// Outputs: (loss, d hs, d ws, d bs) / (d ht, d wt, d bt): the shapes of the inputs they differentiate; the loss
-// and the gradient of an absent (0-d) bias as [1] (a 0-d output of a multi-output op becomes a scalar in graph mode).
+// Outputs: (loss, d hs, d ws, d bs, row losses) / (d ht, d wt, d bt): the shapes of the inputs they differentiate;
+// the loss and the gradient of an absent (0-d) bias as [1] (a 0-d output of a multi-output op becomes a scalar in
+// graph mode); the row losses [N].
 std::vector<std::vector<int64_t>> grad_shapes(bool student, int *ndims, int64_t **shapes) {
   std::vector<std::vector<int64_t>> out;
   if (student) out.push_back({1});
   for (int i = student ? 0 : 3, k = 0; k < 3; ++i, ++k) {
     out.push_back(ndims[i] == 0 ? std::vector<int64_t>{1} : std::vector<int64_t>(shapes[i], shapes[i] + ndims[i]));
   }
+  if (student) out.push_back({shapes[0][0]});
   return out;
 }
 

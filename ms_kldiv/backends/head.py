@@ -45,9 +45,9 @@ def head_ready(lib_path):
 
 
 class AotFusedHead(nn.Cell):
-    """(hs, ws, bs, ht, wt, bt, labels, weights, count) -> (loss, d hs, d ws, d bs, d ht, d wt, d bt), the chunk
-    loop's outputs (``ms_kldiv.fused_linear._ChunkLoop``): the student's pass (loss and its gradients) or the
-    teacher's (its gradients); a 0-d zero for what the pass does not compute."""
+    """(hs, ws, bs, ht, wt, bt, labels, weights, count) -> (loss, d hs, d ws, d bs, d ht, d wt, d bt, row losses),
+    the chunk loop's outputs (``ms_kldiv.fused_linear._ChunkLoop``): the student's pass (loss, its gradients and each
+    row's loss) or the teacher's (its gradients); a 0-d zero for what the pass does not compute."""
 
     def __init__(self, lib_path, student, temperature, beta, variant, ignore_index, hard_weight, soft_weight,
                  hard_options, chunk_size, chunk_bytes, mark, chunk_cap):
@@ -57,7 +57,7 @@ class AotFusedHead(nn.Cell):
             float(ignore_index), float(hard_weight), float(soft_weight), float(hard_options[0]),
             float(hard_options[1])) + _chunk_hyper(chunk_size, chunk_bytes, mark, chunk_cap), ms.float64)
         name = "HeadStudent" if student else "HeadTeacher"
-        outputs = ("loss", "dhs", "dws", "dbs") if student else ("dht", "dwt", "dbt")
+        outputs = ("loss", "dhs", "dws", "dbs", "rows") if student else ("dht", "dwt", "dbt")
         # (a function, not a tuple: the one form MindSpore's graph-mode type inference takes with dynamic shapes)
         self.op = ops.Custom(f"{lib_path}:{name}", out_shape=None, out_dtype=_float32s(len(outputs)),
                              func_type="aot", reg_info=custom_reg_info(name, "CPU", _INPUTS, outputs))
@@ -67,10 +67,10 @@ class AotFusedHead(nn.Cell):
                       _kernel_dtype(wt), ops.cast(bt, ms.float32), labels, weights, count, self.hyper)
         zero = ops.zeros((), ms.float32)
         if self.student:
-            loss, dhs, dws, dbs = out
-            return ops.reshape(loss, ()), dhs, dws, _bias_grad(dbs, bs), zero, zero, zero
+            loss, dhs, dws, dbs, rows = out
+            return ops.reshape(loss, ()), dhs, dws, _bias_grad(dbs, bs), zero, zero, zero, rows
         dht, dwt, dbt = out
-        return zero, zero, zero, zero, dht, dwt, _bias_grad(dbt, bt)
+        return zero, zero, zero, zero, dht, dwt, _bias_grad(dbt, bt), zero
 
 
 def _chunk_hyper(chunk_size, chunk_bytes, mark, chunk_cap):
