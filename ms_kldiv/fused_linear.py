@@ -104,7 +104,8 @@ class _ChunkStep(nn.Cell):
                                    else _TeacherOnly(kernels, temperature, beta, variant))
 
     def construct(self, i, carry):
-        hs, ws, bs, ht, wt, bt, labels, weights, scale, offsets, vocab, loss, dhs, dws, dbs, dht, dwt, dbt, lrows = carry
+        hs, ws, bs, ht, wt, bt, labels, weights, scale, offsets, vocab = carry[:11]
+        loss, dhs, dws, dbs, dht, dwt, dbt, lrows = carry[11:]
         rows = ops.cast(ops.dyn_shape(labels)[0], ms.int32)
         idx = offsets + i * offsets.shape[0]
         inside = idx < rows
