@@ -353,32 +353,36 @@ def cross_entropy_and_grad(logits, labels, keep, weights=None, z_loss=0.0, label
     vocabulary really has; z = ``z_loss``, PaLM's and Liger's penalty on the log-normalizer). Rows not kept
     have loss 0 and exact zero gradients, whatever their logits hold; a kept row whose label is outside [0, V) has
     loss and gradient NaN (compiled code cannot raise; a silently wrong mean would be worse)."""
+    # [C, V] temporaries kept few (a loop body holds each of them, several times over): the label's log-probability
+    # gathered and its one-hot subtracted by a scatter, no [C, V] masks; the row mask and the NaN of a bad label
+    # folded into each row's factor.
     log_p = ops.log_softmax(logits, -1)
     vocab = logits.shape[-1]
     keep2 = ops.expand_dims(keep, 1)
-    w = ops.cast(keep, logits.dtype) if weights is None else ops.where(keep, weights, 0.0)
-    w2 = ops.expand_dims(w, 1)
-    hit = ops.logical_and(keep2, ops.arange(vocab, dtype=labels.dtype) == ops.expand_dims(labels, 1))
     outside = ops.logical_and(keep, ops.logical_or(labels < 0, labels >= vocab))
+    w = ops.cast(keep, logits.dtype) if weights is None else ops.where(keep, weights, 0.0)
+    w2 = ops.expand_dims(ops.where(outside, float("nan"), w), 1)
+    at = ops.stack((ops.arange(labels.shape[0], dtype=ms.int32),
+                    ops.cast(ops.where(ops.logical_and(keep, ops.logical_not(outside)), labels, 0), ms.int32)), 1)
+    row_loss = -ops.gather_nd(log_p, at)
     p = ops.exp(log_p)
-    target = ops.cast(hit, logits.dtype)
-    row_loss = -ops.sum(ops.where(hit, log_p, 0.0), -1)
+    grad, hot = p, 1.0
     if label_smoothing:
         eps = ops.cast(_f64(label_smoothing), logits.dtype)
         finite = log_p > float("-inf")
         classes = ops.sum(ops.cast(finite, logits.dtype), -1, keepdim=True)
         uniform = ops.cast(finite, logits.dtype) / classes
-        target = (1.0 - eps) * target + eps * uniform
+        grad = grad - eps * uniform
+        hot = 1.0 - eps
         row_loss = (1.0 - eps) * row_loss - eps * ops.sum(ops.where(finite, log_p, 0.0) * uniform, -1)
-    grad = p - target
     if z_loss:
         z = ops.cast(_f64(z_loss), logits.dtype)
         lse = ops.logsumexp(ops.where(keep2, logits, 0.0), -1)
         row_loss = row_loss + z * lse * lse
         grad = grad + 2.0 * z * ops.expand_dims(lse, 1) * p
+    grad = ops.tensor_scatter_add(grad, at, ops.fill(logits.dtype, labels.shape, -1.0) * hot)
     rows = ops.where(outside, float("nan"), ops.where(keep, row_loss, 0.0))
-    grad = ops.where(keep2, grad * w2, 0.0)
-    return rows, ops.where(ops.expand_dims(outside, 1), float("nan"), grad)
+    return rows, ops.where(keep2, grad * w2, 0.0)
 
 
 def sliced_cross_entropy_and_grad(logits, labels, keep, weights, z_loss, label_smoothing, vocab_start, vocab,
