@@ -48,6 +48,12 @@ def hyper(temperature, beta, variant=KL):
             float(variant.softcap), float(variant.logit_scale))
 
 
+def hard_hyper(variant, z_loss, label_smoothing, ignore_index):
+    """The hard-label kernel's float64 hyper input (custom_ops/common/distill_abi.h, DistillHard): ``hyper``'s six
+    (only the transform is read), then z-loss, label smoothing, ignore_index."""
+    return hyper(1.0, 0.0, variant) + (float(z_loss), float(label_smoothing), float(ignore_index))
+
+
 def transformed(z, variant, wide=None):
     """Both models' logits as the loss sees them: z * logit_scale, soft-capped (differentiable). ``wide``: a dtype
     the soft cap is computed in (MindSpore's float32 CPU tanh is up to 1e-4 off); the result has z's dtype."""
@@ -356,7 +362,12 @@ def cross_entropy_and_grad(logits, labels, keep, weights=None, z_loss=0.0, label
     # [C, V] temporaries kept few (a loop body holds each of them, several times over): the label's log-probability
     # gathered and its one-hot subtracted by a scatter, no [C, V] masks; the row mask and the NaN of a bad label
     # folded into each row's factor.
-    log_p = ops.log_softmax(logits, -1)
+    # log p from the row's log-sum-exp, not log_softmax: MindSpore's CPU log_softmax gives -inf, not NaN, beside a
+    # NaN logit; a +inf logit leaves no distribution either (NaN, as the kernels give)
+    lse = ops.logsumexp(logits, -1)
+    lse = ops.where(lse == float("inf"), float("nan"), lse)
+    lse_col = ops.expand_dims(lse, 1)
+    log_p = logits - lse_col
     vocab = logits.shape[-1]
     keep2 = ops.expand_dims(keep, 1)
     outside = ops.logical_and(keep, ops.logical_or(labels < 0, labels >= vocab))
@@ -377,9 +388,8 @@ def cross_entropy_and_grad(logits, labels, keep, weights=None, z_loss=0.0, label
         row_loss = (1.0 - eps) * row_loss - eps * ops.sum(ops.where(finite, log_p, 0.0) * uniform, -1)
     if z_loss:
         z = ops.cast(_f64(z_loss), logits.dtype)
-        lse = ops.logsumexp(ops.where(keep2, logits, 0.0), -1)
         row_loss = row_loss + z * lse * lse
-        grad = grad + 2.0 * z * ops.expand_dims(lse, 1) * p
+        grad = grad + 2.0 * z * lse_col * p
     grad = ops.tensor_scatter_add(grad, at, ops.fill(logits.dtype, labels.shape, -1.0) * hot)
     rows = ops.where(outside, float("nan"), ops.where(keep, row_loss, 0.0))
     return rows, ops.where(keep2, grad * w2, 0.0)
@@ -420,7 +430,7 @@ def sliced_cross_entropy_and_grad(logits, labels, keep, weights, z_loss, label_s
     if z_loss:
         z = ops.cast(_f64(z_loss), logits.dtype)
         row_loss = row_loss + z * lse * lse
-        grad = grad + 2.0 * z * ops.expand_dims(lse, 1) * p
+        grad = grad + 2.0 * z * lse_col * p
     rows = ops.where(outside, float("nan"), ops.where(keep, row_loss, 0.0))
     grad = ops.where(keep2, grad * ops.expand_dims(w, 1), 0.0)
     grad = ops.where(ops.expand_dims(outside, 1), float("nan"), grad)

@@ -29,8 +29,7 @@ from mindspore.ops import constexpr
 
 from . import _compat, _math, _validation
 from ._compat import FullPrecisionCell, without_mixed_precision
-from ._distill_math import (KL, cross_entropy_and_grad, sliced_cross_entropy_and_grad, transform_slope, transformed,
-                            two_pass)
+from ._distill_math import KL, sliced_cross_entropy_and_grad, transform_slope, transformed, two_pass
 from ._sparse_math import int32_ids
 from .backends import check_name, compiled, device_target, get_distill_kernels, get_kernels
 from .backends.distill import row_loss
@@ -72,18 +71,21 @@ class _ChunkStep(nn.Cell):
     ``student`` / ``teacher``: which gradients this pass computes (the loss comes with the student's)."""
 
     def __init__(self, kernels, temperature, beta, ignore_index, hard_weight, soft_weight, student, teacher,
-                 teacher_logits, stored=None, variant=KL, hard_options=(0.0, 0.0), group=None):
+                 teacher_logits, stored=None, variant=KL, hard_options=(0.0, 0.0), group=None, hard_kernels=None):
         super().__init__()
         self.sliced = group is not None  # this rank holds a slice of the vocabulary (vocab_parallel_group)
-        if self.sliced:
-            self.gather, self.total = gather_cell(group), sum_cell(group)
         self.ignore_index = ignore_index
         self.hard_weight = hard_weight
         self.variant = variant
-        self.transformed = variant.softcap > 0 or variant.logit_scale != 1.0
-        # the hard term's soft cap in float64 where it runs (MindSpore's float32 CPU tanh is up to 1e-4 off)
-        self.wide = ms.float64 if variant.softcap > 0 and device_target() == "CPU" else None
         self.z_loss, self.label_smoothing = hard_options
+        if student and hard_weight != 0:
+            if self.sliced:  # the whole rows' cross-entropy from the slices (collectives: MindSpore ops)
+                self.gather, self.total = gather_cell(group), sum_cell(group)
+                self.transformed = variant.softcap > 0 or variant.logit_scale != 1.0
+                # the soft cap in float64 where it runs (MindSpore's float32 CPU tanh is up to 1e-4 off)
+                self.wide = ms.float64 if variant.softcap > 0 and device_target() == "CPU" else None
+            else:
+                self.kernel_hard = hard_kernels.hard(variant, self.z_loss, self.label_smoothing, ignore_index)
         self.soft_weight = soft_weight
         self.student = student
         self.teacher = teacher
@@ -135,22 +137,22 @@ class _ChunkStep(nn.Cell):
             loss = loss + ops.sum(soft * g) * (self.soft_weight * scale)
             rows_c = soft * self.soft_weight
             ds = self.kernel_student(s_c, *teacher_c, stats, g) * (self.soft_weight * scale)
-            if self.hard_weight != 0:
+            if self.hard_weight != 0 and self.sliced:  # vocab: (this slice's first column, the whole vocabulary)
                 z = transformed(s_c, self.variant, self.wide) if self.transformed else s_c
-                if self.sliced:  # vocab: (this slice's first column, the whole vocabulary)
-                    # its collectives after the soft term's on every rank (an empty slice has no data path between)
-                    z = ops.depend(z, stats)
-                    hard, dce = sliced_cross_entropy_and_grad(z, ops.where(keep, label, 0), keep, g, self.z_loss,
-                                                              self.label_smoothing, vocab[0], vocab[1], self.gather,
-                                                              self.total)
-                else:
-                    hard, dce = cross_entropy_and_grad(z, ops.where(keep, label, 0), keep, g, self.z_loss,
-                                                       self.label_smoothing)
+                # its collectives after the soft term's on every rank (an empty slice has no data path between)
+                z = ops.depend(z, stats)
+                hard, dce = sliced_cross_entropy_and_grad(z, ops.where(keep, label, 0), keep, g, self.z_loss,
+                                                          self.label_smoothing, vocab[0], vocab[1], self.gather,
+                                                          self.total)
                 if self.transformed:
                     dce = dce * transform_slope(s_c, self.variant, self.wide)
+                ds = ds + dce * (self.hard_weight * scale)
+            elif self.hard_weight != 0:  # its gradient added onto the soft term's in the kernel
+                hard, ds = self.kernel_hard(s_c, ops.where(keep, label, self.ignore_index),
+                                            g * (self.hard_weight * scale), ds)
+            if self.hard_weight != 0:
                 loss = loss + ops.sum(hard * g) * (self.hard_weight * scale)
                 rows_c = rows_c + hard * self.hard_weight
-                ds = ds + dce * (self.hard_weight * scale)
             dhs = ops.tensor_scatter_add(dhs, at, ops.matmul(ds, ws))
             dws = dws + _t_matmul(ds, hs_c)
             dbs = _bias_grad(dbs, ds)
@@ -166,8 +168,9 @@ class _ChunkStep(nn.Cell):
 
 
 def _plus_bias(logits, bias):
-    """A head's logits plus its bias; a 0-d bias stands for none (no pass over the chunk's logits)."""
-    return logits if bias.ndim == 0 else logits + bias
+    """A head's logits plus its bias; a 0-d bias stands for none (no pass over the chunk's logits). BiasAdd, not a
+    broadcasting ``+``: with that, MindSpore's CPU loop body held ~16 more chunk-sized buffers (both float32 here)."""
+    return logits if bias.ndim == 0 else ops.bias_add(logits, bias)
 
 
 def _bias_grad(acc, d_logits):
@@ -357,7 +360,8 @@ class _FusedCore(nn.Cell):
     """
 
     def __init__(self, kernels, temperature, beta, ignore_index, hard_weight, soft_weight, chunk_size, chunk_bytes,
-                 teacher_grad, teacher_logits=False, stored=None, variant=KL, hard_options=(0.0, 0.0), group=None):
+                 teacher_grad, teacher_logits=False, stored=None, variant=KL, hard_options=(0.0, 0.0), group=None,
+                 hard_kernels=None):
         super().__init__()
         # (called from the loss's methods too, i.e. inside the caller's cell: mixed precision stops here)
         without_mixed_precision(self)
@@ -374,7 +378,7 @@ class _FusedCore(nn.Cell):
             if kernel:  # the whole pass in one kernel (CPU: ms_kldiv/backends/head.py)
                 return kernel
             return _ChunkLoop(_ChunkStep(*args, student, teacher, teacher_logits, stored, variant, hard_options,
-                                         group), chunk_size, chunk_bytes, group)
+                                         group, hard_kernels), chunk_size, chunk_bytes, group)
 
         self.student_loop = chunk_loop(True, False)
         self.student_loop_pynative = _Unrecorded(self.student_loop)
@@ -640,11 +644,14 @@ class FusedLinearDistillationLoss(FullPrecisionCell, nn.Cell):
         self.z_loss, self.label_smoothing = float(z_loss), float(label_smoothing)
         group = None if vocab_parallel_group is None else vocab_group(vocab_parallel_group)
         self.backend, kernels = _kernels_for(backend, self.variant, group is not None)
+        # the hard-label term of the chunk loop: these kernels', else the composite ones' (one op either way)
+        hard_kernels = kernels if hasattr(kernels, "hard") else get_kernels("distillation", "composite")[1]
         if group is not None:
             kernels = VocabParallelKernels(kernels, group)
         args = (kernels, self.temperature, self.beta, self.ignore_index, self.hard_weight, self.soft_weight, chunk_size,
                 self.chunk_bytes)
-        options = dict(variant=self.variant, hard_options=(self.z_loss, self.label_smoothing), group=group)
+        hard_options = (self.z_loss, self.label_smoothing)
+        options = dict(variant=self.variant, hard_options=hard_options, group=group, hard_kernels=hard_kernels)
         self.core = _FusedCore(*args, self.teacher_grad, **options)
         self.core_from_logits = _FusedCore(*args, False, teacher_logits=True, **options)
         # the stored-teacher head (from_teacher_topk): its options are checked when it is used
@@ -660,8 +667,8 @@ class FusedLinearDistillationLoss(FullPrecisionCell, nn.Cell):
             else:
                 ratio = 1.0 if stored_mode == "sampled" else float(teacher_temperature) / self.temperature
                 self.core_from_stored = _FusedCore(stored_kernels, *args[1:], False,
-                                                   stored=(ratio, stored_mode == "tail"),
-                                                   hard_options=(self.z_loss, self.label_smoothing), group=group)
+                                                   stored=(ratio, stored_mode == "tail"), hard_options=hard_options,
+                                                   group=group, hard_kernels=hard_kernels)
 
     def construct(self, student_hidden, student_weight, teacher_hidden, teacher_weight, labels=None,
                   student_bias=None, teacher_bias=None, weights=None, num_items_in_batch=None):

@@ -385,3 +385,42 @@ def sparse_distillation_loss(student_logits, teacher_ids, teacher_values, mode="
         return np.asarray(0.0)
     with np.errstate(all="ignore"):
         return np.asarray(rows.sum() / count)
+
+
+# ------------------------------------------------------------------------------------------ hard labels
+def hard_label_rows(student_logits, labels, z_loss=0.0, label_smoothing=0.0, softcap=0.0, logit_scale=1.0,
+                    ignore_index=-100):
+    """(each row's cross-entropy, its gradient towards the raw logits) in float64: the fused head's hard-label term
+    on the transformed logits z (PyTorch's label smoothing over the classes with a finite logit, PaLM's z-loss):
+    (1 - eps) (lse - z_label) + eps (lse - mean of the finite z) + z_loss lse^2. Rows whose label is
+    ``ignore_index``: 0 and zero gradients; a counted label outside [0, V): NaN."""
+    raw = np.asarray(student_logits, np.float64)
+    z = transformed(raw, softcap, logit_scale)
+    labels = np.asarray(labels).astype(np.int64)
+    keep = labels != ignore_index
+    vocab = z.shape[-1]
+    inside = (labels >= 0) & (labels < vocab)
+    m = np.max(z, axis=-1, keepdims=True) if vocab else np.zeros(z.shape[:-1] + (1,))
+    m = np.where(m == -np.inf, 0.0, m)
+    with np.errstate(all="ignore"):
+        lse = m + np.log(np.sum(np.exp(z - m), axis=-1, keepdims=True))  # NaN for a NaN or +inf logit
+    log_p = z - lse
+    finite = z > -np.inf
+    classes = finite.sum(-1, keepdims=True)
+    eps = label_smoothing
+    hot = np.zeros_like(z)
+    idx = np.where(keep & inside, labels, 0)
+    np.put_along_axis(hot, idx[..., None], 1.0, -1)
+    with np.errstate(all="ignore"):
+        label_log_p = np.take_along_axis(log_p, idx[..., None], -1)[..., 0]
+        smooth = np.where(finite, log_p, 0.0).sum(-1) / classes[..., 0]
+        rows = -(1 - eps) * label_log_p - eps * smooth + z_loss * lse[..., 0] ** 2
+        grad = np.exp(log_p) * (1 + 2 * z_loss * lse) - eps * finite / classes - (1 - eps) * hot
+        if softcap > 0:
+            th = np.tanh(raw * logit_scale / softcap)
+            grad = grad * logit_scale * (1 - th * th)
+        else:
+            grad = grad * logit_scale
+    rows = np.where(keep & ~inside, np.nan, np.where(keep, rows, 0.0))
+    grad = np.where((keep & ~inside)[..., None], np.nan, np.where(keep[..., None], grad, 0.0))
+    return rows, grad

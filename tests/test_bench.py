@@ -210,9 +210,11 @@ def test_fused_linear_unchunked_rows_that_cannot_fit_are_not_run(tmp_path):
 def test_fused_linear_subcommand_smoke(tmp_path):
     stdout, records = _subcommand(tmp_path, "fused-linear", "--sizes", "16x8x32", "--dtypes", "float32",
                                   "--rows", "fused,fused_pynative,fused_loop,matmuls,kernels,composition", "--repeats",
-                                  "1", "--chunk-size", "5")
+                                  "1", "--chunk-size", "5", "--hard-weight", "0.5")
     assert {r["row"] for r in records} == {"fused", "fused_pynative", "fused_loop", "matmuls", "kernels",
                                            "composition"}
+    assert {r["row"]: r["hard_weight"] for r in records} == {"fused": 0.5, "fused_pynative": 0.5, "fused_loop": 0.5,
+                                                             "matmuls": 0.0, "kernels": 0.0, "composition": 0.0}
     assert all(r["compile_seconds"] >= 0 for r in records) and "time vs matmuls + kernels" in stdout
     # each head row also ran at the tiny size; its peak there (the framework's first call) is taken off the row's
     heads = [r for r in records if r["row"].startswith("fused")]
@@ -346,6 +348,7 @@ def test_distill_refuses_bad_arguments(argv, flag, valid, capsys, monkeypatch):
     (["--dtypes", "float8"], "--dtypes", "float32, bfloat16"),
     (["--repeats", "0"], "--repeats", ">= 1"),
     (["--chunk-size", "-1"], "--chunk-size", ">= 0"),
+    (["--hard-weight", "-0.5"], "--hard-weight", ">= 0"),
 ])
 def test_fused_linear_refuses_bad_arguments(argv, flag, valid, capsys, monkeypatch):
     from ms_kldiv.bench import fused_linear

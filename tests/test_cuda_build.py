@@ -39,7 +39,7 @@ def abi_symbols():
             names |= {fn, fn + "InferShape"}
     with open(os.path.join(SRC, "common", "distill_abi.h"), encoding="utf-8") as f:
         distill = distill_abi_kernels(f.read())
-    assert len(distill) == 6, distill  # forward, three backwards, two vocabulary-parallel pieces
+    assert len(distill) == 7, distill  # forward, three backwards, two vocabulary-parallel pieces, the hard term
     with open(os.path.join(SRC, "common", "sparse_abi.h"), encoding="utf-8") as f:
         sparse = set(re.findall(r"^//\s+(Sparse\w+)\s+nparam", f.read(), flags=re.M))
     assert sparse == {"SparseFwd", "SparseBwd"}, sparse

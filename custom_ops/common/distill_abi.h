@@ -14,6 +14,12 @@
 //   DistillFwdGiven    nparam 5: s, t, hyper, states (in, [..., 8]), stats (out): the slice's sums (loss, sum(a),
 //                      sum(b)) with the normalizers taken from `states` (the whole row's, merged across ranks), and
 //                      those normalizer columns copied; the backward kernels then run on the merged stats unchanged.
+// The fused head's hard-label term (ms_kldiv/fused_linear.py's chunk loop; math: distill_math.h, the hard-label term):
+//   DistillHard        nparam 7: s [R, V], labels (int32 [R]; ignore_index: not counted), hyper (float64 [9]: the
+//                      six above, then z-loss, label smoothing, ignore_index), g (float32 [R]: each row's gradient
+//                      coefficient), ds (in, D [R, V]), rows (out, float32 [R]: each row's cross-entropy, 0 where not
+//                      counted, NaN for a counted label outside [0, V)), d (out, D [R, V]) = ds + g d(rows)/ds: the
+//                      gradient adds onto the soft term's, so the term needs no [R, V] buffer of its own.
 // The gradients are those of sum_rows dloss[row] * loss[row]; a row with dloss == 0 (an ignored token) gets exact
 // zeros without its logits being read. Return value 0, or 1 for a layout Python already excludes.
 #pragma once
@@ -51,6 +57,22 @@ inline bool rows_and_vocab(int op, int nparam, const int *ndims, int64_t *const 
   return true;
 }
 
+// The hard-label call's rows and vocabulary (DistillHard's layout above); false for a layout Python excludes.
+constexpr int kHardParams = 7, kHardHyper = 9;
+enum HardHyper : int { kHardZLoss = 6, kHardSmoothing = 7, kHardIgnoreIndex = 8 };
+inline bool hard_rows_and_vocab(int nparam, const int *ndims, int64_t *const *shapes, const char **dtypes,
+                                int64_t *rows, int64_t *vocab) {
+  if (nparam != kHardParams || ndims[0] != 2 || ndims[1] != 1 || ndims[2] != 1 || ndims[3] != 1 || ndims[4] != 2)
+    return false;
+  *rows = shapes[0][0];
+  *vocab = shapes[0][1];
+  if (shapes[1][0] != *rows || shapes[2][0] != kHardHyper || shapes[3][0] != *rows || shapes[4][0] != *rows ||
+      shapes[4][1] != *vocab)
+    return false;
+  return dtypes[0] && dtypes[4] && strcmp(dtypes[0], dtypes[4]) == 0 && strcmp(dtypes[1], "int32") == 0 &&
+         strcmp(dtypes[2], "float64") == 0 && strcmp(dtypes[3], "float32") == 0;
+}
+
 // [..., V] -> [..., kStats]; a dynamic rank stays dynamic.
 inline std::vector<int64_t> stats_shape(const int *ndims, int64_t *const *shapes) {
   if (ndims[0] < 1 || shapes[0][0] == -2) return {-2};
@@ -86,6 +108,11 @@ inline std::vector<int64_t> stats_shape(const int *ndims, int64_t *const *shapes
   KLDIV_DECLARE_FWD_INFER(DistillFwdGiven) {                                                              \
     (void)extra;                                                                                          \
     return distill::stats_shape(ndims, shapes);                                                           \
+  }                                                                                                       \
+  KLDIV_DECLARE_BWD_INFER(DistillHard) {                                                                  \
+    (void)extra;                                                                                          \
+    const std::vector<int64_t> logits(shapes[0], shapes[0] + ndims[0]);                                   \
+    return {ndims[0] == 2 ? std::vector<int64_t>{shapes[0][0]} : std::vector<int64_t>{-2}, logits};      \
   }
 
 // One export: kernel Fn calling run(op, nparam, params, ndims, shapes, dtypes, stream) of the device's front end.
@@ -101,6 +128,13 @@ inline std::vector<int64_t> stats_shape(const int *ndims, int64_t *const *shapes
   DISTILL_DEFINE_EXPORT(DistillBwd, run, distill::kBoth)                                                  \
   DISTILL_DEFINE_EXPORT(DistillBwdStudent, run, distill::kStudent)                                        \
   DISTILL_DEFINE_EXPORT(DistillBwdTeacher, run, distill::kTeacher)
+
+// The hard-label export: Fn(nparam, params, ndims, shapes, dtypes, stream) of the device's front end.
+#define DISTILL_DEFINE_HARD_EXPORT(run)                                                                   \
+  DISTILL_DECLARE_KERNEL(DistillHard) {                                                                   \
+    (void)extra;                                                                                          \
+    return run(nparam, params, ndims, shapes, dtypes, stream);                                            \
+  }
 
 // The vocabulary-parallel exports (CPU and CUDA libraries; without them, e.g. AscendC, the composite kernels serve).
 #define DISTILL_DEFINE_SHARD_EXPORTS(run)                                                                 \

@@ -403,6 +403,18 @@ DISTILL_HD float transform_slope(const Transform &f, float z) {
   return f.scale * (1.0f - th * th);
 }
 
+// transform_apply and transform_slope of one logit from a single tanhf (the same expressions, so the same values).
+DISTILL_HD void transform_apply_and_slope(const Transform &f, float z, float *x, float *slope) {
+  if (f.cap > 0.0f) {
+    const float th = tanhf(f.scale * z * f.inv_cap);
+    *x = z == -INFINITY ? z : f.cap * th;  // a masked class stays masked (transform_apply)
+    *slope = f.scale * (1.0f - th * th);
+  } else {
+    *x = f.scale * z;
+    *slope = f.scale;
+  }
+}
+
 // The gradients of one class for any kind (class_terms), scaled by g_t; kinds 0 and 1 in their closed forms.
 template <bool kFast = false, typename C>
 DISTILL_HD void grads_mix(int kind, C log_ps, C log_pt, C sum_a, C sum_b, const Mix<C> &m, C g_t, C *ds, C *dt) {
@@ -419,6 +431,73 @@ DISTILL_HD void grads_mix(int kind, C log_ps, C log_pt, C sum_a, C sum_b, const 
     *ds = g_t * (a - ps * sum_a);
     *dt = g_t * (b - pt * sum_b);
   }
+}
+
+// ------------------------------------------------------------------------------------------ the hard-label term
+// The fused head's cross-entropy of the hard labels on one row of the student's (transformed) logits z
+// (ms_kldiv._distill_math.cross_entropy_and_grad is the MindSpore twin): with lse = log sum_j exp(z_j), eps the label
+// smoothing, spread over the F classes with a finite logit, and zeta the z-loss coefficient,
+//   loss          = (1 - eps) (lse - z_label) + eps (lse - sum_finite z / F) + zeta lse^2
+//   d loss / dz_j = p_j (1 + 2 zeta lse) - eps [z_j finite] / F - (1 - eps) [j = label],   p_j = exp(z_j - lse).
+// One read of the row gathers what the loss and the gradient need (HardState); a second writes the gradient.
+struct HardState {
+  Online o;                   // running max and sum of exp(z - max) (temperature 1)
+  double sum_finite, finite;  // the finite logits' sum and count
+  double nan;                 // > 0: a logit was NaN
+};
+
+DISTILL_HD HardState hard_empty() { return HardState{online_empty(), 0.0, 0.0, 0.0}; }
+
+DISTILL_HD void hard_add(HardState *h, float z) {
+  if (z != z) {
+    h->nan += 1.0;
+    return;
+  }
+  if (z > h->o.m) online_rescale(&h->o, z, 1.0);
+  if (z > -INFINITY) {
+    h->o.z += static_cast<double>(expf(z - static_cast<float>(h->o.m)));
+    h->sum_finite += z;
+    h->finite += 1.0;
+  }
+}
+
+DISTILL_HD void hard_merge(HardState *a, HardState b) {
+  online_merge(&a->o, b.o, 1.0);
+  a->sum_finite += b.sum_finite;
+  a->finite += b.finite;
+  a->nan += b.nan;
+}
+
+// The row's log-normalizer: NaN if a logit was NaN or +inf (the sum then holds inf - inf), -inf when every class
+// is masked (the loss is then NaN: no distribution).
+DISTILL_HD double hard_lse(const HardState &h) {
+  if (h.nan > 0.0) return NAN;
+  return h.o.m == -INFINITY ? -INFINITY : h.o.m + log(h.o.z);
+}
+
+DISTILL_HD double hard_loss(const HardState &h, double lse, double z_label, double eps, double zeta) {
+  double loss = lse - z_label;
+  if (eps > 0.0) loss = (1.0 - eps) * loss - eps * (h.sum_finite / h.finite - lse);
+  return loss + zeta * lse * lse;
+}
+
+// What the gradient of one class needs from its row (float: the per-class work stays in single precision).
+struct HardCoefs {
+  float lse, p_coef, uniform, hot;
+};
+
+DISTILL_HD HardCoefs hard_coefs(const HardState &h, double lse, double eps, double zeta) {
+  HardCoefs c;
+  c.lse = static_cast<float>(lse);
+  c.p_coef = static_cast<float>(1.0 + 2.0 * zeta * lse);
+  c.uniform = eps > 0.0 ? static_cast<float>(eps / h.finite) : 0.0f;
+  c.hot = static_cast<float>(1.0 - eps);
+  return c;
+}
+
+DISTILL_HD float hard_grad(const HardCoefs &c, float z, bool label) {
+  float g = expf(z - c.lse) * c.p_coef - (z > -INFINITY ? c.uniform : 0.0f);
+  return label ? g - c.hot : g;
 }
 
 }  // namespace distill

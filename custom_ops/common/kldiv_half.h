@@ -21,11 +21,15 @@ KLDIV_HALF_FN float bits_to_float(uint32_t u) { float f; memcpy(&f, &u, 4); retu
 KLDIV_HALF_FN uint32_t float_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 
 // float16 -> float: moving exponent and mantissa into float position and scaling by 2^112 (the bias
-// difference) is exact for normals and subnormals alike; inf/NaN then get the all-ones exponent back.
+// difference) is exact for normals; inf/NaN then get the all-ones exponent back. A float16 subnormal would be a
+// float subnormal before the scaling, which a thread that treats subnormal operands as zero (MXCSR DAZ: MindSpore's
+// graph runtime sets it) reads as 0: it is converted from its integer mantissa instead (m 2^-24, exact).
 KLDIV_HALF_FN float f16_to_float(uint16_t h) {
   const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
   const uint32_t em = h & 0x7fffu;
-  const uint32_t scaled = float_to_bits(bits_to_float(em << 13) * 0x1p112f);
+  const uint32_t normal = float_to_bits(bits_to_float(em << 13) * 0x1p112f);
+  const uint32_t tiny = float_to_bits((float)(int32_t)em * 0x1p-24f);
+  const uint32_t scaled = em < 0x400u ? tiny : normal;
   const uint32_t special = em >= 0x7c00u ? 0x7f800000u : 0u;
   return bits_to_float(sign | scaled | special);
 }

@@ -208,53 +208,6 @@ void gather_part(void *ctx, int part, int parts) {
   }
 }
 
-// The cross-entropy of the hard labels (ms_kldiv._distill_math.cross_entropy_and_grad) on one row of the student's
-// logits: returns the row's loss; adds g * coef * d(loss)/d(logits) to d (g: the row's weight).
-struct Hard {
-  double z_loss, smoothing, coef;
-  distill::Transform f;
-};
-
-double hard_row(const float *s, int64_t v, int64_t label, float g, const Hard &h, float *d) {
-  const bool tf = h.f.active;
-  float m = -INFINITY;
-  bool nan = false;
-  for (int64_t j = 0; j < v; ++j) {
-    const float z = tf ? distill::transform_apply(h.f, s[j]) : s[j];
-    nan |= z != z;
-    m = z > m ? z : m;
-  }
-  double sum = 0.0, sum_finite = 0.0;
-  int64_t finite = 0;
-  for (int64_t j = 0; j < v; ++j) {
-    const float z = tf ? distill::transform_apply(h.f, s[j]) : s[j];
-    sum += exp(static_cast<double>(z) - m);
-    if (z > -INFINITY) {
-      sum_finite += z;
-      ++finite;
-    }
-  }
-  const double lse = nan ? NAN : m + log(sum);
-  if (label < 0 || label >= v) {  // a counted row's label outside the vocabulary: NaN, not a silent mean
-    for (int64_t j = 0; j < v; ++j) d[j] = NAN;
-    return NAN;
-  }
-  const double z_label = tf ? distill::transform_apply(h.f, s[label]) : s[label];
-  const double eps = h.smoothing;
-  double loss = lse - z_label;
-  if (eps > 0.0) loss = (1.0 - eps) * loss - eps * (sum_finite / finite - lse);
-  loss += h.z_loss * lse * lse;
-  const float scale = static_cast<float>(g * h.coef), flse = static_cast<float>(lse);
-  const float p_coef = static_cast<float>(1.0 + 2.0 * h.z_loss * lse), uniform = static_cast<float>(eps / finite);
-  for (int64_t j = 0; j < v; ++j) {
-    const float z = tf ? distill::transform_apply(h.f, s[j]) : s[j];
-    float grad = expf(z - flse) * p_coef - (eps > 0.0 && z > -INFINITY ? uniform : 0.0f);
-    if (j == label) grad -= static_cast<float>(1.0 - eps);
-    d[j] += scale * (tf ? grad * distill::transform_slope(h.f, s[j]) : grad);
-  }
-  return loss;
-}
-
 struct HardRows {
   const float *s;
   float *d;
@@ -262,7 +215,8 @@ struct HardRows {
   const int32_t *labels;
   const float *g;  // each row's weight, 0 for rows not counted
   const bool *counted;
-  const Hard *h;
+  const kldiv::cpu::HardOptions *h;
+  double coef;  // hard_weight * scale
   int64_t c;
   double *out;  // [c] each row's loss (unweighted)
 };
@@ -270,7 +224,9 @@ struct HardRows {
 void hard_part(void *ctx, int part, int parts) {
   const HardRows &k = *static_cast<const HardRows *>(ctx);
   for (int64_t r = part; r < k.c; r += parts) {
-    k.out[r] = k.counted[r] ? hard_row(k.s + r * k.v, k.v, k.labels[k.r0 + r], k.g[r], *k.h, k.d + r * k.v) : 0.0;
+    k.out[r] = k.counted[r] ? kldiv::cpu::hard_row(k.s + r * k.v, k.v, k.labels[k.r0 + r], *k.h,
+                                                   static_cast<float>(k.g[r] * k.coef), k.d + r * k.v)
+                            : 0.0;
   }
 }
 
@@ -352,7 +308,7 @@ int run(bool student, int nparam, void **params, int *ndims, int64_t **shapes, c
   job.dtype = kF32;
   job.vocab = v;
   job.given = nullptr;
-  Hard hard{hyper[kZLoss], hyper[kLabelSmoothing], hard_weight * scale, job.f};
+  const kldiv::cpu::HardOptions hard = kldiv::cpu::hard_options(hyper, kZLoss, kLabelSmoothing);
   double soft_sum = 0.0, hard_sum = 0.0;
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t c = std::min(chunk, n - r0);
@@ -395,7 +351,8 @@ int run(bool student, int nparam, void **params, int *ndims, int64_t **shapes, c
     kldiv::cpu::run_distill_job(job);
     if (hard_weight != 0.0) {
       for (int64_t r = 0; r < c; ++r) dloss[r] = counted[r] ? row_weights[r0 + r] : 0.0f;
-      HardRows k{s.data(), d, v, r0, labels, dloss.data(), counted.get(), &hard, c, hard_loss.data()};
+      HardRows k{s.data(), d, v, r0, labels, dloss.data(), counted.get(), &hard, hard_weight * scale, c,
+                 hard_loss.data()};
       kldiv::cpu::parallel_run(static_cast<int>(std::min<int64_t>(c, kldiv::cpu::threads_for(c * v * 4))),
                                &hard_part, &k);
       for (int64_t r = 0; r < c; ++r) {

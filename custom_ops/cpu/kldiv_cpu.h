@@ -47,6 +47,22 @@ struct Args {
   int64_t prefetch;  // bytes ahead the forward sum's float32 vector loop prefetches its operands; 0 = off
 };
 
+// One row of the head's hard-label term (distill_math.h; distill_kernels.inc's hard_row): its cross-entropy is
+// returned and d = ds + coef * its gradient written (d may be ds). s, ds, d: `v` elements of DType `dtype`.
+struct HardOptions {
+  double z_loss, smoothing;
+  distill::Transform f;
+};
+struct HardRow {
+  const void* s;
+  const void* ds;
+  void* d;
+  int dtype;
+  int64_t v, label;
+  float coef;
+  const HardOptions* o;
+};
+
 // One call of the fused distillation kernels (custom_ops/common/distill_abi.h; distill_kernels.inc).
 struct DistillJob {
   int dtype;              // DType (not kF64)
@@ -85,6 +101,7 @@ struct KernelTable {
   void (*backward)(const Args*);
   void (*distill_rows)(const DistillJob*, int64_t r0, int64_t r1);  // rows [r0, r1) of a distillation call
   void (*sparse_rows)(const SparseJob*, int64_t r0, int64_t r1);    // rows [r0, r1) of a stored-teacher call
+  double (*hard_row)(const HardRow*);                                // one row of the head's hard-label term
 };
 
 // distill_cpu.cc, for the front ends that run the distillation kernels (distill_cpu.cc, head_cpu.cc): a job's
@@ -92,6 +109,12 @@ struct KernelTable {
 // and its rows split over the pool.
 void init_distill_job(const double* hyper, DistillJob* j);
 void run_distill_job(const DistillJob& j);
+
+// hard_cpu.cc, for the front ends that compute the head's hard-label term (hard_cpu.cc's DistillHard, head_cpu.cc):
+// its options from a float64 hyper (the soft cap and logit scale at 4 and 5, the others where given), and one
+// float32 row's cross-entropy, its gradient times coef added onto d in place.
+HardOptions hard_options(const double* hyper, int z_loss_at, int smoothing_at);
+double hard_row(const float* s, int64_t v, int64_t label, const HardOptions& o, float coef, float* d);
 
 // The table picked for this CPU (once, from cpuid; MS_KLDIV_ISA forces one).
 const KernelTable* active_table();

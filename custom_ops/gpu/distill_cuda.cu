@@ -74,18 +74,6 @@ __device__ __forceinline__ float value(const Transform &f, float z) {
   return kTf ? transform_apply(f, z) : z;
 }
 
-// transform_apply and transform_slope of one logit from a single tanhf (the same expressions, so the same values).
-__device__ __forceinline__ void apply_and_slope(const Transform &f, float z, float *x, float *slope) {
-  if (f.cap > 0.0f) {
-    const float th = tanhf(f.scale * z * f.inv_cap);
-    *x = z == -INFINITY ? z : f.cap * th;  // a masked class stays masked (transform_apply)
-    *slope = f.scale * (1.0f - th * th);
-  } else {
-    *x = f.scale * z;
-    *slope = f.scale;
-  }
-}
-
 // fn(std::integral_constant<int, K>()) for the runtime `kind` if it is one of kKinds, else for kOther: the kind
 // becomes a template argument (one loop per kind, no per-class test of it) at the cost of one test per row.
 template <int kOther, int... kKinds, typename Fn>
@@ -433,8 +421,8 @@ __device__ __forceinline__ void backward_row(const T *s, const T *t, int64_t voc
   auto one = [&](float zs, float zt, float *gs, float *gt) {
     float vs = zs, vt = zt, ks = 1.0f, kt = 1.0f;
     if (kTf) {
-      apply_and_slope(h.f, zs, &vs, &ks);
-      apply_and_slope(h.f, zt, &vt, &kt);
+      transform_apply_and_slope(h.f, zs, &vs, &ks);
+      transform_apply_and_slope(h.f, zt, &vt, &kt);
     }
     grads_mix<true>(kKind, (vs - ms) * h.inv_t - lzs, (vt - mt) * h.inv_t - lzt, sa, sb, h.mix, g_t, gs, gt);
     if (kTf) {
@@ -499,6 +487,54 @@ __global__ void distill_bwd(const T *__restrict__ s, const T *__restrict__ t, co
   }
 }
 
+// ------------------------------------------------------------------------------------------ the hard-label term
+// DistillHard (the fused head's cross-entropy of the hard labels, distill_math.h): the same row groups; one read
+// gathers the row's HardState (merged across the group in a fixed order, as above), a second writes
+// d = ds + g * gradient. Scalar loads strided by the group's lanes (coalesced): this term is not the head's hot path.
+template <int R, bool kTf, typename T>
+__device__ __forceinline__ void hard_row(const T *s, const T *ds, T *d, int64_t vocab, int64_t label,
+                                         const Transform &f, double eps, double zeta, float coef, int lane,
+                                         HardState *part, float *loss) {
+  HardState h = hard_empty();
+  for (int64_t k = lane; k < vocab; k += R) hard_add(&h, value<kTf>(f, to_c(s[k])));
+  h = group_reduce<R>(h, [](HardState *a, HardState b) { hard_merge(a, b); }, hard_empty(), part);
+  const double lse = hard_lse(h);
+  const HardCoefs c = hard_coefs(h, lse, eps, zeta);
+  for (int64_t k = lane; k < vocab; k += R) {
+    float x = to_c(s[k]), slope = 1.0f;
+    if (kTf) transform_apply_and_slope(f, to_c(s[k]), &x, &slope);
+    const float g = hard_grad(c, x, k == label);
+    d[k] = from_c<T>(to_c(ds[k]) + coef * (kTf ? g * slope : g));
+  }
+  if (lane == 0) *loss = (float)hard_loss(h, lse, value<kTf>(f, to_c(s[label])), eps, zeta);
+}
+
+template <typename T, int R>
+__global__ void distill_hard(const T *__restrict__ s, const int32_t *__restrict__ labels,
+                             const double *__restrict__ hyper, const float *__restrict__ g, const T *__restrict__ ds,
+                             float *__restrict__ loss, T *__restrict__ d, int64_t rows, int64_t vocab) {
+  const Transform f = transform_of(hyper[5], hyper[4]);
+  const double zeta = hyper[kHardZLoss], eps = hyper[kHardSmoothing];
+  const int64_t ignore_index = (int64_t)hyper[kHardIgnoreIndex];
+  __shared__ HardState part[R > 32 ? R / 32 : 1];
+  constexpr int kGroups = kThreads / R;
+  const int lane = threadIdx.x % R;
+  for (int64_t row = (int64_t)blockIdx.x * kGroups + threadIdx.x / R; row < rows; row += (int64_t)gridDim.x * kGroups) {
+    const int64_t off = row * vocab, label = labels[row];
+    if (label == ignore_index || label < 0 || label >= vocab) {
+      // not counted: loss 0, the soft gradient unchanged; a counted label outside [0, V): NaN, not a silent mean
+      const bool counted = label != ignore_index;
+      for (int64_t k = lane; k < vocab; k += R) d[off + k] = counted ? from_c<T>(NAN) : ds[off + k];
+      if (lane == 0) loss[row] = counted ? NAN : 0.0f;
+      continue;
+    }
+    if (f.active)
+      hard_row<R, true>(s + off, ds + off, d + off, vocab, label, f, eps, zeta, g[row], lane, part, loss + row);
+    else
+      hard_row<R, false>(s + off, ds + off, d + off, vocab, label, f, eps, zeta, g[row], lane, part, loss + row);
+  }
+}
+
 // ------------------------------------------------------------------------------------------ host side
 static bool aligned16(const void *p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
@@ -555,10 +591,37 @@ static int run(int op, int nparam, void **params, int *ndims, int64_t **shapes, 
   return 1;
 }
 
+template <typename T, int R>
+static int launch_hard(void **params, int64_t rows, int64_t vocab, cudaStream_t stream) {
+  KLDIV_LAUNCH((unsigned)blocks_for(rows, kThreads / R), kThreads, 0, stream, distill_hard<T, R>)(
+      static_cast<const T *>(params[0]), static_cast<const int32_t *>(params[1]),
+      static_cast<const double *>(params[2]), static_cast<const float *>(params[3]), static_cast<const T *>(params[4]),
+      static_cast<float *>(params[5]), static_cast<T *>(params[6]), rows, vocab);
+  return cudaPeekAtLastError() == cudaSuccess ? 0 : 4;
+}
+
+template <typename T>
+static int launch_hard_for_vocab(void **params, int64_t rows, int64_t vocab, cudaStream_t stream) {
+  return vocab <= kWarpRowVocab ? launch_hard<T, 32>(params, rows, vocab, stream)
+                                : launch_hard<T, kThreads>(params, rows, vocab, stream);
+}
+
+static int run_hard(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream) {
+  int64_t rows, vocab;
+  if (!hard_rows_and_vocab(nparam, ndims, shapes, dtypes, &rows, &vocab)) return 1;
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (rows == 0) return 0;
+  if (!strcmp(dtypes[0], "float32")) return launch_hard_for_vocab<float>(params, rows, vocab, s);
+  if (!strcmp(dtypes[0], "float16")) return launch_hard_for_vocab<__half>(params, rows, vocab, s);
+  if (!strcmp(dtypes[0], "bfloat16")) return launch_hard_for_vocab<__nv_bfloat16>(params, rows, vocab, s);
+  return 1;
+}
+
 }  // namespace cuda
 }  // namespace distill
 
 DISTILL_DEFINE_EXPORTS(distill::cuda::run)
+DISTILL_DEFINE_HARD_EXPORT(distill::cuda::run_hard)
 DISTILL_DEFINE_SHARD_EXPORTS(distill::cuda::run)
 
 DISTILL_DEFINE_INFER_SHAPES

@@ -33,6 +33,12 @@ current device target and, if so, for that op's implementation:
       ``FusedLinearDistillationLoss`` (``student``: the loss and the student's gradients, else the teacher's) with
       the chunk loop's inputs and outputs (``ms_kldiv.fused_linear._ChunkLoop``), or None where these kernels have
       no such op here (the head then runs its MindSpore chunk loop around ``forward`` / ``backward``);
+    - optionally ``hard(variant, z_loss, label_smoothing, ignore_index)`` -> a Cell ``(s [R, V], labels int32 [R],
+      g float32 [R], ds [R, V]) -> (rows float32 [R], d [R, V])``: the fused head's hard-label term
+      (``ms_kldiv._distill_math.cross_entropy_and_grad`` on the student's logits under ``variant``'s transform):
+      each row's cross-entropy (0 where the label is ``ignore_index``, NaN for a counted label outside [0, V)) and
+      ``ds`` plus ``g`` times its gradient, in ``s``'s dtype (added onto the soft term's gradient: no buffer of its
+      own). Kernels without it (AscendC) leave the term to the composite kernels' ``hard``;
     - optionally, for vocabulary parallelism (``ms_kldiv.backends.vocab_parallel``; kernels without them are
       composite-only there), on a rank's slice [R, V_r] of both logits: ``states(temperature, variant)`` -> Cell
       ``(s, t) -> stats`` holding only the slice's normalizers (columns ``LOG_Z_*`` / ``BASE_*`` of

@@ -11,7 +11,8 @@ distillation: the kernel contract (``ms_kldiv.backends.base``) computed with the
 import mindspore as ms
 from mindspore import nn, ops
 
-from .._distill_math import KL, STATS, row_grads, row_losses, slice_grads, slice_states, slice_sums
+from .._distill_math import (KL, STATS, cross_entropy_and_grad, row_grads, row_losses, slice_grads, slice_states,
+                             slice_sums, transform_slope, transformed)
 from .._sparse_math import row_stats as sparse_row_stats, student_grad as sparse_student_grad
 from . import register
 from .base import Backend
@@ -103,6 +104,32 @@ class _SliceForward(nn.Cell):
                            ops.gather(states, self.normalizers[1], 1)), -1)
 
 
+class _HardLabels(nn.Cell):
+    """The head's hard-label term (contract: ``ms_kldiv.backends.base``, ``hard``) in MindSpore ops, in the logits'
+    dtype (float32 for bfloat16 on CPU, which has no bfloat16 arithmetic); the soft cap in float64 where MindSpore's
+    float32 tanh is too rough (CPU)."""
+
+    def __init__(self, variant, z_loss, label_smoothing, ignore_index, device):
+        super().__init__()
+        self.variant = variant
+        self.transformed = variant.softcap > 0 or variant.logit_scale != 1.0
+        self.wide = ms.float64 if variant.softcap > 0 and device == "CPU" else None
+        self.cpu = device == "CPU"
+        self.z_loss, self.label_smoothing, self.ignore_index = z_loss, label_smoothing, ignore_index
+
+    def construct(self, s, labels, g, ds):
+        dtype = s.dtype
+        if self.cpu and dtype == ms.bfloat16:
+            s, ds = ops.cast(s, ms.float32), ops.cast(ds, ms.float32)
+        keep = labels != self.ignore_index
+        z = transformed(s, self.variant, self.wide) if self.transformed else s
+        rows, d = cross_entropy_and_grad(z, ops.where(keep, labels, 0), keep, ops.cast(g, s.dtype), self.z_loss,
+                                         self.label_smoothing)
+        if self.transformed:
+            d = d * transform_slope(s, self.variant, self.wide)
+        return ops.cast(rows, ms.float32), ops.cast(ds + d, dtype)
+
+
 class CompositeDistillKernels:
     """The distillation kernel contract in MindSpore ops (closed forms of ``ms_kldiv._distill_math``): every dtype,
     every device. The stats hold the row loss only; the backward recomputes the softmaxes. float64 logits are left
@@ -139,6 +166,9 @@ class CompositeDistillKernels:
 
     def backward_teacher_given(self, temperature, beta, variant=KL):
         return self.backward_teacher(temperature, beta, variant, given=True)
+
+    def hard(self, variant, z_loss, label_smoothing, ignore_index):
+        return _HardLabels(variant, z_loss, label_smoothing, ignore_index, self.device)
 
 
 class _SparseForward(nn.Cell):

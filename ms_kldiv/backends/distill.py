@@ -14,7 +14,7 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from .._compat import without_mixed_precision
-from .._distill_math import KL, LOG_Z_S, hyper, row_grads, two_pass
+from .._distill_math import KL, LOG_Z_S, hard_hyper, hyper, row_grads, two_pass
 from .common import custom_reg_info
 from .head import AotFusedHead, head_ready
 
@@ -192,9 +192,9 @@ class _AotKernel(nn.Cell):
     """One exported symbol of a kernel library (custom_ops/common/distill_abi.h) with (temperature, beta, divergence
     code, alpha, soft cap, logit scale) bound as a float64 constant input."""
 
-    def __init__(self, kernels, name, inputs, outputs, out_dtype, temperature, beta, variant=KL):
+    def __init__(self, kernels, name, inputs, outputs, out_dtype, temperature, beta, variant=KL, values=None):
         super().__init__()
-        self.hyper = ms.Tensor(hyper(temperature, beta, variant), ms.float64)
+        self.hyper = ms.Tensor(values or hyper(temperature, beta, variant), ms.float64)
         # out_shape None: the library's C++ <name>InferShape, which dynamic row counts (set_inputs) need
         self.op = ops.Custom(f"{kernels.lib_path}:{name}", out_shape=None, out_dtype=out_dtype, func_type="aot",
                              reg_info=custom_reg_info(name, kernels.target, inputs, outputs))
@@ -244,6 +244,11 @@ class AotDistillKernels:
     def backward_teacher(self, temperature, beta, variant=KL):
         return _AotKernel(self, "DistillBwdTeacher", ("s", "t", "hyper", "stats", "dloss"), ("dt",),
                           lambda s, t, *_: t, temperature, beta, variant)
+
+    def hard(self, variant, z_loss, label_smoothing, ignore_index):
+        return _AotKernel(self, "DistillHard", ("s", "labels", "hyper", "g", "ds"), ("rows", "d"),
+                          lambda s, *_: (ms.float32, s), 1.0, 0.0,
+                          values=hard_hyper(variant, z_loss, label_smoothing, ignore_index))
 
     def fused_head(self, student, *options):
         """The fused linear head's pass in one kernel (``ms_kldiv.backends.head.AotFusedHead``) where this library

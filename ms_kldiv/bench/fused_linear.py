@@ -46,8 +46,9 @@ def _inputs(n, h, v, seed=0):
             rng.standard_normal((n, h), dtype=np.float32), (rng.standard_normal((v, h), dtype=np.float32) * 0.02))
 
 
-def _ms_step(row, arrays, dtype_name, temperature, chunk_size):
+def _ms_step(row, arrays, dtype_name, temperature, chunk_size, hard_weight=0.0):
     import mindspore as ms
+    import numpy as np
     from mindspore import nn, ops
     import ms_kldiv
     from ms_kldiv.distillation import _compose
@@ -59,7 +60,9 @@ def _ms_step(row, arrays, dtype_name, temperature, chunk_size):
     if row.startswith("fused"):
         if row == "fused_loop":
             os.environ["MS_KLDIV_HEAD_KERNEL"] = "0"
-        loss_fn = ms_kldiv.FusedLinearDistillationLoss(temperature, chunk_size=chunk_size)
+        loss_fn = ms_kldiv.FusedLinearDistillationLoss(temperature, chunk_size=chunk_size, hard_weight=hard_weight)
+        n, v = arrays[0].shape[0], arrays[1].shape[0]
+        labels = ms.Tensor((np.arange(n, dtype=np.int64) * 7919 % v).astype(np.int32)) if hard_weight else None
 
         class Net(nn.Cell):
             def __init__(self):
@@ -67,7 +70,7 @@ def _ms_step(row, arrays, dtype_name, temperature, chunk_size):
                 self.loss_fn = loss_fn
 
             def construct(self, hs, ws, ht, wt):
-                return self.loss_fn(hs, ws, ops.stop_gradient(ht), ops.stop_gradient(wt))
+                return self.loss_fn(hs, ws, ops.stop_gradient(ht), ops.stop_gradient(wt), labels)
     else:
         from ms_kldiv.fused_linear import _matmul_t
 
@@ -166,15 +169,16 @@ def _torch_step(arrays, dtype_name, temperature):
     return step
 
 
-def run_child(row, n, h, v, dtype_name, repeats, chunk_size, temperature=2.0):
+def run_child(row, n, h, v, dtype_name, repeats, chunk_size, hard_weight=0.0, temperature=2.0):
     """One row in this process: best seconds per forward+backward, the first call's extra seconds (graph compile),
     peak bytes above the inputs."""
     arrays = _inputs(n, h, v)
     step = _torch_step(arrays, dtype_name, temperature) if row == "torch" else \
-        _ms_step(row, arrays, dtype_name, temperature, chunk_size)
+        _ms_step(row, arrays, dtype_name, temperature, chunk_size, hard_weight if row in HEAD_ROWS else 0.0)
     seconds, compile_seconds, peak = measure(step, repeats)
     return {"row": row, "n": n, "h": h, "v": v, "dtype": dtype_name, "seconds": seconds,
-            "compile_seconds": compile_seconds, "peak_bytes": peak}
+            "compile_seconds": compile_seconds, "peak_bytes": peak,
+            "hard_weight": hard_weight if row in HEAD_ROWS else 0.0}
 
 
 def main(argv=None):
@@ -189,12 +193,15 @@ def main(argv=None):
     ap.add_argument("--repeats", type=_args.number(int, low=1), default=2, help="timed steps per row after the first")
     ap.add_argument("--chunk-size", type=_args.number(int, low=0), default=0,
                     help="rows per chunk (0: the loss's own choice)")
+    ap.add_argument("--hard-weight", type=_args.number(float, low=0), default=0.0,
+                    help="the head rows' hard_weight (the cross-entropy of fixed labels beside the distillation "
+                         "loss; the other rows stay without it)")
     ap.add_argument("--json", default=None, help="write the records to this file")
-    ap.add_argument("--child", nargs=7, help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=8, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        row, n, h, v, dtype_name, repeats, chunk = args.child
-        rec = run_child(row, int(n), int(h), int(v), dtype_name, int(repeats), int(chunk) or None)
+        row, n, h, v, dtype_name, repeats, chunk, hard = args.child
+        rec = run_child(row, int(n), int(h), int(v), dtype_name, int(repeats), int(chunk) or None, float(hard))
         print(json.dumps(rec), flush=True)
         return 0
     rows = rows_to_run(args.rows)
@@ -216,10 +223,12 @@ def main(argv=None):
                         recs[r] = {"row": r, "n": n, "h": h, "v": v, "dtype": dtype_name, "skipped": True,
                                    "needs_bytes": need}
                         continue
-                recs[r] = in_child(__name__, (r, n, h, v, dtype_name, args.repeats, args.chunk_size), r)
+                recs[r] = in_child(__name__, (r, n, h, v, dtype_name, args.repeats, args.chunk_size,
+                                              args.hard_weight), r)
                 if r in HEAD_ROWS and recs[r].get("peak_bytes") is not None:
                     if (r, dtype_name) not in fixed:
-                        fixed[r, dtype_name] = in_child(__name__, (r, *TINY, dtype_name, 1, 0), r).get("peak_bytes")
+                        fixed[r, dtype_name] = in_child(__name__, (r, *TINY, dtype_name, 1, 0, args.hard_weight),
+                                                        r).get("peak_bytes")
                     if fixed[r, dtype_name] is not None:
                         recs[r]["first_call_bytes"] = fixed[r, dtype_name]
                         recs[r]["own_peak_bytes"] = max(0, recs[r]["peak_bytes"] - fixed[r, dtype_name])
