@@ -407,31 +407,37 @@ def sliced_cross_entropy_and_grad(logits, labels, keep, weights, z_loss, label_s
         # the same collectives as the other ranks', after the same ones (depend: a constant would not wait for them).
         logits = ops.depend(_math.no_class_column(ops.expand_dims(labels, 1), logits.dtype), logits)
     lse = ranks_logsumexp(gather(ops.stack(slice_normalizer(logits, 1.0), -1)), 0)
-    log_p = logits - ops.expand_dims(lse, 1)
-    local = ops.expand_dims(labels - vocab_start, 1)
-    keep2 = ops.expand_dims(keep, 1)
-    hit = ops.logical_and(keep2, ops.arange(logits.shape[-1], dtype=labels.dtype) == local)
-    if width == 0:
-        hit = ops.logical_and(hit, local < 0)  # never: the stand-in column is no label's (0 == local is not < 0)
-    finite = log_p > _NEG_INF
-    sums = total(ops.stack([ops.sum(ops.where(hit, log_p, 0.0), -1), ops.sum(ops.cast(finite, logits.dtype), -1),
-                            ops.sum(ops.where(finite, log_p, 0.0), -1)], -1))
-    label_log_p, classes, finite_log_p = sums[:, 0], sums[:, 1], sums[:, 2]
-    w = ops.cast(keep, logits.dtype) if weights is None else ops.where(keep, weights, 0.0)
-    outside = ops.logical_and(keep, ops.logical_or(labels < 0, labels >= vocab))
+    lse_col = ops.expand_dims(lse, 1)
+    log_p = logits - lse_col
+    # The label's log-probability gathered and its one-hot subtracted by a scatter, on the rank whose slice holds it
+    # (no [C, V] masks; the stand-in column of an empty slice is no label's).
+    local = labels - vocab_start
+    here = ops.logical_and(keep, ops.logical_and(local >= 0, local < width))
+    at = ops.stack((ops.arange(labels.shape[0], dtype=ms.int32), ops.cast(ops.where(here, local, 0), ms.int32)), 1)
+    label_log_p = ops.where(here, ops.gather_nd(log_p, at), 0.0)
     p = ops.exp(log_p)
-    target = ops.cast(hit, logits.dtype)
-    row_loss = -label_log_p
-    if label_smoothing:
+    grad, hot = p, 1.0
+    if label_smoothing:  # (every rank runs the same collectives: the options are the same on all)
+        finite = log_p > _NEG_INF
+        sums = total(ops.stack([label_log_p, ops.sum(ops.cast(finite, logits.dtype), -1),
+                                ops.sum(ops.where(finite, log_p, 0.0), -1)], -1))
+        label_log_p, classes, finite_log_p = sums[:, 0], sums[:, 1], sums[:, 2]
         eps = ops.cast(_f64(label_smoothing), logits.dtype)
-        target = (1.0 - eps) * target + eps * ops.cast(finite, logits.dtype) / ops.expand_dims(classes, 1)
-        row_loss = (1.0 - eps) * row_loss - eps * finite_log_p / classes
-    grad = p - target
+        grad = grad - eps * ops.cast(finite, logits.dtype) / ops.expand_dims(classes, 1)
+        hot = 1.0 - eps
+        row_loss = -(1.0 - eps) * label_log_p - eps * finite_log_p / classes
+    else:
+        label_log_p = total(ops.expand_dims(label_log_p, -1))[:, 0]
+        row_loss = -label_log_p
     if z_loss:
         z = ops.cast(_f64(z_loss), logits.dtype)
         row_loss = row_loss + z * lse * lse
         grad = grad + 2.0 * z * lse_col * p
+    grad = ops.tensor_scatter_add(grad, at, ops.where(here, ops.fill(logits.dtype, labels.shape, -1.0) * hot, 0.0))
+    w = ops.cast(keep, logits.dtype) if weights is None else ops.where(keep, weights, 0.0)
+    outside = ops.logical_and(keep, ops.logical_or(labels < 0, labels >= vocab))
     rows = ops.where(outside, float("nan"), ops.where(keep, row_loss, 0.0))
-    grad = ops.where(keep2, grad * ops.expand_dims(w, 1), 0.0)
-    grad = ops.where(ops.expand_dims(outside, 1), float("nan"), grad)
+    # (a NaN factor for a counted label outside the whole vocabulary: that row's gradient NaN on every rank)
+    w2 = ops.expand_dims(ops.where(outside, float("nan"), w), 1)
+    grad = ops.where(ops.expand_dims(keep, 1), grad * w2, 0.0)
     return rows, (grad[:, :0] if width == 0 else grad)
