@@ -502,9 +502,8 @@ __device__ __forceinline__ void hard_row(const T *s, const T *ds, T *d, int64_t 
   const HardCoefs c = hard_coefs(h, lse, eps, zeta);
   for (int64_t k = lane; k < vocab; k += R) {
     float x = to_c(s[k]), slope = 1.0f;
-    if (kTf) transform_apply_and_slope(f, to_c(s[k]), &x, &slope);
-    const float g = hard_grad(c, x, k == label);
-    d[k] = from_c<T>(to_c(ds[k]) + coef * (kTf ? g * slope : g));
+    if (kTf) transform_apply_and_slope(f, x, &x, &slope);
+    d[k] = from_c<T>(to_c(ds[k]) + coef * (hard_grad(c, x, k == label) * slope));
   }
   if (lane == 0) *loss = (float)hard_loss(h, lse, value<kTf>(f, to_c(s[label])), eps, zeta);
 }
